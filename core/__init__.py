@@ -1,0 +1,51 @@
+"""gradpipe: validated gradient pipelines for TensorFlow 2 / Keras 3, from TOML.
+
+Importing gradpipe does not import TensorFlow; building a pipeline does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .api import build, create, load, parse
+from .errors import ConfigError, GradpipeError, PlacementError, PluginError
+from .fields import FieldError, hyperparameter, schedule_field
+from .hookspecs import hookimpl, hookspec
+from .transform import Transform, hyper, map_grads, no_state, shared
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "FieldError",
+    "GradpipeError",
+    "PlacementError",
+    "Pipeline",
+    "PluginError",
+    "Transform",
+    "__version__",
+    "build",
+    "create",
+    "hookimpl",
+    "hookspec",
+    "hyper",
+    "hyperparameter",
+    "load",
+    "map_grads",
+    "no_state",
+    "parse",
+    "schedule_field",
+    "shared",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Pipeline imports TensorFlow; load it only when it is asked for.
+    if name == "Pipeline":
+        from .pipeline import Pipeline
+
+        return Pipeline
+    raise AttributeError(f"module 'gradpipe' has no attribute {name!r}")

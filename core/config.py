@@ -1,0 +1,377 @@
+"""Reading and validating pipeline files.
+
+``parse_text``/``parse_mapping`` turn a TOML document into a
+:class:`~gradpipe.spec.PipelineSpec`, collecting *every* problem in the file
+(file, key path, line, did-you-mean) into one :class:`ConfigError`. A file can
+only name registered components; nothing in it is ever imported or evaluated.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .errors import ConfigError, PluginError, Problem, did_you_mean
+from .fields import HYPER, SCHEDULE, FieldError, Invalid, ScheduleRef, check_type, field_types
+from .fields import type_name as _type_name
+from .registry import Registry, get_registry
+from .spec import ComponentSpec, GradpipeSection, PipelineOptions, PipelineSpec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SECTIONS = ("gradpipe", "placement", "loss_scale", "schedules", "pipeline",
+            "transforms", "convergence", "problem", "lock")
+#: Keys of a transform table that the engine handles, not the component.
+TRANSFORM_KEYS = ("variables", "exclude")
+
+
+def read_file(path: str | Path) -> tuple[dict[str, Any], dict[str, int], str]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([Problem(path="", message=f"cannot read file: {exc}",
+                                   file=str(path))]) from None
+    data, lines = parse_toml(text, str(path))
+    return data, lines, str(path)
+
+
+def parse_toml(text: str, file: str | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line = getattr(exc, "lineno", None)
+        if line is None:
+            match = re.search(r"line (\d+)", str(exc))
+            line = int(match.group(1)) if match else None
+        message = getattr(exc, "msg", str(exc))
+        raise ConfigError([Problem(path="", message=f"invalid TOML: {message}",
+                                   file=file, line=line)]) from None
+    return data, line_map(text)
+
+
+def line_map(text: str) -> dict[str, int]:
+    """Key path -> line, by a light scan of the TOML text (tomllib keeps none)."""
+    lines: dict[str, int] = {}
+    table = ""
+    counts: dict[str, int] = {}
+    key_re = re.compile(r"""^\s*((?:[A-Za-z0-9_\-]+|"[^"]*"|'[^']*')"""
+                        r"""(?:\s*\.\s*(?:[A-Za-z0-9_\-]+|"[^"]*"|'[^']*'))*)\s*=""")
+    for number, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.startswith("[["):
+            name = _norm_key(stripped[2:stripped.find("]]")])
+            counts[name] = counts.get(name, -1) + 1
+            table = f"{name}[{counts[name]}]"
+            lines.setdefault(table, number)
+            continue
+        if stripped.startswith("["):
+            table = _norm_key(stripped[1:stripped.find("]")])
+            lines.setdefault(table, number)
+            continue
+        match = key_re.match(raw)
+        if not match:
+            continue
+        key = _norm_key(match.group(1))
+        full = f"{table}.{key}" if table else key
+        lines.setdefault(full, number)
+        rest = raw[match.end():]
+        if "{" in rest:  # keys of an inline table on the same line
+            for inner in re.finditer(r"([A-Za-z0-9_\-]+)\s*=", rest):
+                lines.setdefault(f"{full}.{inner.group(1)}", number)
+    return lines
+
+
+def _norm_key(key: str) -> str:
+    parts = [p.strip().strip("\"'") for p in key.split(".")]
+    return ".".join(parts)
+
+
+class _Collector:
+    """Collects problems, each with file and line."""
+
+    def __init__(self, file: str | None, lines: Mapping[str, int]) -> None:
+        self.file = file
+        self.lines = lines
+        self.problems: list[Problem] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.problems.append(Problem(path=path, message=message, file=self.file,
+                                     line=self.line(path)))
+
+    def line(self, path: str) -> int | None:
+        probe = path
+        while probe:
+            if probe in self.lines:
+                return self.lines[probe]
+            cut = max(probe.rfind("."), probe.rfind("["))
+            if cut <= 0:
+                break
+            probe = probe[:cut]
+        return self.lines.get(probe)
+
+
+def parse_mapping(
+    data: Mapping[str, Any],
+    *,
+    file: str | None = None,
+    lines: Mapping[str, int] | None = None,
+    registry: Registry | None = None,
+) -> PipelineSpec:
+    """Validate a TOML-shaped mapping; raise ConfigError listing every problem."""
+    registry = registry or get_registry()
+    out = _Collector(file, lines or {})
+    if not isinstance(data, Mapping):
+        raise ConfigError([Problem(path="", message="a pipeline must be a table",
+                                   file=file)])
+    for key in data:
+        if key not in SECTIONS:
+            out.add(str(key), f"unknown section{did_you_mean(str(key), SECTIONS)}; "
+                    f"expected one of {', '.join(SECTIONS)}")
+    builder = _SpecBuilder(registry, out, data.get("schedules"))
+    head = builder.plain(GradpipeSection, data.get("gradpipe", {}), "gradpipe")
+    if head is not None:
+        _check_requirements(head.require, out)
+    options = builder.plain(PipelineOptions, data.get("pipeline", {}), "pipeline")
+    placement = builder.optional("placement", data, default_kind="default")
+    loss_scale = builder.optional("loss_scale", data)
+    problem = builder.optional("problem", data)
+    schedules = builder.all_schedules()
+    transforms = builder.component_list("transform", "transforms", data, required=True)
+    convergence = builder.component_list("convergence", "convergence", data)
+    spec = None
+    if not out.problems:
+        spec = PipelineSpec(
+            gradpipe=head or GradpipeSection(), placement=placement,
+            loss_scale=loss_scale, schedules=schedules,
+            options=options or PipelineOptions(), transforms=tuple(transforms),
+            convergence=tuple(convergence), problem=problem, source=file,
+        )
+        _check_lock(data.get("lock"), spec, out)
+    if out.problems:
+        raise ConfigError(out.problems)
+    assert spec is not None
+    return spec
+
+
+def _check_requirements(require: tuple[str, ...], out: _Collector) -> None:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for i, text in enumerate(require):
+        path = f"gradpipe.require[{i}]"
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as exc:
+            out.add(path, f"not a valid requirement {text!r}: {exc}")
+            continue
+        try:
+            installed = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            out.add(path, f"plugin {req.name!r} is required ({text!r}) but not "
+                    f"installed: pip install '{text}'")
+            continue
+        if req.specifier and not req.specifier.contains(installed, prereleases=True):
+            out.add(path, f"{req.name} {installed} is installed, but the pipeline "
+                    f"wants {req.name}{req.specifier}")
+
+
+def _check_lock(lock: Any, spec: PipelineSpec, out: _Collector) -> None:
+    if lock is None:
+        return
+    if not isinstance(lock, Mapping):
+        out.add("lock", f"must be a table of distribution = version, got {_type_name(lock)}")
+        return
+    for dist, version in lock.items():
+        try:
+            installed = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out.add(f"lock.{dist}", f"locked {dist} {version} is not installed")
+            continue
+        if installed != version:
+            out.add(f"lock.{dist}", f"locked {dist} {version}, but {installed} is "
+                    "installed; reinstall that version or remove the [lock] entry")
+
+
+class _SpecBuilder:
+    """Builds component specs, resolving schedule references once each."""
+
+    def __init__(self, registry: Registry, out: _Collector, schedules: Any) -> None:
+        self.registry = registry
+        self.out = out
+        self.raw_schedules = schedules if isinstance(schedules, Mapping) else {}
+        if schedules is not None and not isinstance(schedules, Mapping):
+            out.add("schedules", f"must be a table of named schedules, got "
+                    f"{_type_name(schedules)}")
+        self.resolved: dict[str, ComponentSpec | None] = {}
+        self.resolving: list[str] = []
+
+    def plain(self, cls: type, table: Any, path: str) -> Any:
+        if not isinstance(table, Mapping):
+            self.out.add(path, f"must be a table, got {_type_name(table)}")
+            return None
+        return self.config(cls, table, path)
+
+    def optional(self, section: str, data: Mapping[str, Any],
+                 default_kind: str | None = None) -> ComponentSpec | None:
+        kind = "loss_scale" if section == "loss_scale" else section
+        if section not in data:
+            if default_kind is None:
+                return None
+            return self.component(kind, {"kind": default_kind}, section)
+        return self.component(kind, data[section], section)
+
+    def component_list(self, kind: str, section: str, data: Mapping[str, Any],
+                       required: bool = False) -> list[ComponentSpec]:
+        items = data.get(section, [])
+        if not isinstance(items, list):
+            self.out.add(section, f"must be an array of tables ([[{section}]]), "
+                         f"got {_type_name(items)}")
+            return []
+        if required and not items:
+            self.out.add(section, "a pipeline needs at least one [[transforms]] entry, "
+                         "ending with an update rule such as 'sgd' or 'adam'")
+        specs = []
+        for i, table in enumerate(items):
+            spec = self.component(kind, table, f"{section}[{i}]")
+            if spec is not None:
+                specs.append(spec)
+        return specs
+
+    def all_schedules(self) -> dict[str, ComponentSpec]:
+        for name in self.raw_schedules:
+            self.schedule_ref(str(name), f"schedules.{name}")
+        return {k: v for k, v in self.resolved.items() if v is not None}
+
+    def schedule_ref(self, name: str, path: str) -> ComponentSpec | None:
+        if name in self.resolved:
+            return self.resolved[name]
+        if name in self.resolving:
+            cycle = " -> ".join([*self.resolving[self.resolving.index(name):], name])
+            self.out.add(path, f"schedule references form a cycle: @{cycle}")
+            return None
+        if name not in self.raw_schedules:
+            self.out.add(path, f"refers to schedule '@{name}', which is not defined in "
+                         f"[schedules]{did_you_mean(name, map(str, self.raw_schedules))}")
+            return None
+        self.resolving.append(name)
+        spec = self.component("schedule", self.raw_schedules[name], f"schedules.{name}")
+        self.resolving.pop()
+        self.resolved[name] = spec
+        return spec
+
+    def component(self, kind: str, table: Any, path: str) -> ComponentSpec | None:
+        if not isinstance(table, Mapping):
+            self.out.add(path, f"must be a table with a 'kind' key, got {_type_name(table)}")
+            return None
+        name = table.get("kind")
+        if not isinstance(name, str) or not name:
+            self.out.add(f"{path}.kind" if "kind" in table else path,
+                         f"needs 'kind', the name of a registered {kind}"
+                         f" (one of {', '.join(self.registry.names(kind)) or 'none'})")
+            return None
+        try:
+            comp = self.registry.get(kind, name)
+        except PluginError as exc:
+            self.out.add(f"{path}.kind", str(exc))
+            return None
+        extra: dict[str, Any] = {}
+        params = {k: v for k, v in table.items() if k != "kind"}
+        if kind == "transform":
+            for key in TRANSFORM_KEYS:
+                if key in params:
+                    value = params.pop(key)
+                    try:
+                        extra[key] = check_type(tuple[str, ...], value)
+                    except Invalid as exc:
+                        self.out.add(f"{path}.{key}", f"{exc} (regular expressions "
+                                     "matched against variable paths)")
+        config = self.config(comp.config_cls, params, path, extra_keys=extra.keys())
+        if config is None:
+            return None
+        return ComponentSpec(kind=kind, name=name.split(">")[-1].strip(), config=config,
+                             path=path, dist=comp.provider.dist,
+                             version=comp.provider.version, extra=extra)
+
+    def config(self, cls: type, table: Mapping[str, Any], path: str,
+               extra_keys: Any = ()) -> Any:
+        fields = {f.name: f for f in attrs.fields(cls)}
+        types = field_types(cls)
+        values: dict[str, Any] = {}
+        ok = True
+        allowed = [*fields, "kind", *extra_keys]
+        for key, value in table.items():
+            key_path = f"{path}.{key}"
+            if key not in fields:
+                self.out.add(key_path, f"unknown key{did_you_mean(str(key), allowed)}; "
+                             f"valid keys: {', '.join(allowed)}")
+                ok = False
+                continue
+            field = fields[key]
+            try:
+                values[key] = self.value(field, types.get(key), value, key_path)
+            except Invalid as exc:
+                self.out.add(key_path, str(exc))
+                ok = False
+                continue
+            if values[key] is _FAILED:
+                ok = False
+                continue
+            if field.validator is not None:
+                try:
+                    field.validator(None, field, values[key])
+                except (ValueError, TypeError) as exc:
+                    self.out.add(key_path, _clean(str(exc), key))
+                    ok = False
+        for name, field in fields.items():
+            if field.default is attrs.NOTHING and name not in table:
+                self.out.add(f"{path}.{name}", "is required")
+                ok = False
+        if not ok:
+            return None
+        try:
+            return cls(**values)
+        except FieldError as exc:
+            self.out.add(f"{path}.{exc.field}", exc.message)
+        except (ValueError, TypeError, OverflowError) as exc:
+            self.out.add(path, _clean(str(exc), ""))
+        return None
+
+    def value(self, field: Any, tp: Any, value: Any, path: str) -> Any:
+        if field.metadata.get(HYPER) or field.metadata.get(SCHEDULE):
+            if isinstance(value, str):
+                if not value.startswith("@"):
+                    raise Invalid(f"must be a number, '@name' or a schedule table, "
+                                  f"got string {value!r}")
+                name = value[1:]
+                if self.schedule_ref(name, path) is None:
+                    return _FAILED
+                return ScheduleRef(name)
+            if isinstance(value, Mapping):
+                spec = self.component("schedule", value, path)
+                return _FAILED if spec is None else spec
+            if field.metadata.get(SCHEDULE):
+                raise Invalid(f"must be '@name' or a schedule table, got {_type_name(value)}")
+            return check_type(float, value)
+        return check_type(tp, value)
+
+
+_FAILED = object()
+
+
+def _clean(message: str, key: str) -> str:
+    """Strip attrs' "'key' must be" prefix so the key is named only once."""
+    for prefix in (f"'{key}' ", f"{key}: "):
+        if key and message.startswith(prefix):
+            return message[len(prefix):]
+    return message

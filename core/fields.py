@@ -1,0 +1,223 @@
+"""Field helpers and validators for component config classes.
+
+Component configs are frozen, keyword-only ``attrs`` classes. gradpipe builds
+them from TOML tables itself (never ``cls(**table)``): it checks each value
+against the field's annotated type, runs the field's validator on its own so
+the error names the exact key, and only then constructs the instance, whose
+``__attrs_post_init__`` may check rules that span several fields by raising
+:class:`FieldError`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from .errors import did_you_mean
+
+HYPER = "gradpipe_hyper"
+SCHEDULE = "gradpipe_schedule"
+
+
+class FieldError(ValueError):
+    """Raised from a config's ``__attrs_post_init__`` to blame one key."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+@attrs.frozen
+class ScheduleRef:
+    """A reference ``"@name"`` to a schedule in the ``[schedules]`` table."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"@{self.name}"
+
+
+def _skip_schedules(validator: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """Range checks apply to plain numbers; a schedule is checked on its own."""
+    if validator is None:
+        return None
+
+    def check(inst: Any, attribute: Any, value: Any) -> None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            validator(inst, attribute, value)
+
+    return check
+
+
+def hyperparameter(*, default: Any = attrs.NOTHING, validator: Any = None) -> Any:
+    """A float hyperparameter that may also be a schedule.
+
+    In TOML it accepts a number, ``"@name"`` (a schedule from
+    ``[schedules.name]``) or an inline schedule table. The validator applies
+    to plain numbers. Turn it into a callable with :func:`gradpipe.hyper`.
+    """
+    return attrs.field(
+        default=default, validator=_skip_schedules(validator), metadata={HYPER: True}
+    )
+
+
+def schedule_field(*, default: Any = attrs.NOTHING) -> Any:
+    """A field holding a whole schedule (``"@name"`` or a table), e.g. for warmup."""
+    return attrs.field(default=default, metadata={SCHEDULE: True})
+
+
+# -- validators with messages a user can act on -------------------------------
+
+
+def _number_check(ok: Callable[[float], bool], text: str) -> Callable[..., None]:
+    def check(inst: Any, attribute: Any, value: Any) -> None:
+        if value is not None and not ok(value):
+            raise ValueError(f"must be {text}, got {value!r}")
+
+    return check
+
+
+def positive() -> Callable[..., None]:
+    return _number_check(lambda v: v > 0, "> 0")
+
+
+def non_negative() -> Callable[..., None]:
+    return _number_check(lambda v: v >= 0, ">= 0")
+
+
+def at_least(low: float) -> Callable[..., None]:
+    return _number_check(lambda v: v >= low, f">= {low}")
+
+
+def greater_than(low: float) -> Callable[..., None]:
+    return _number_check(lambda v: v > low, f"> {low}")
+
+
+def in_range(
+    low: float, high: float, *, low_open: bool = False, high_open: bool = False
+) -> Callable[..., None]:
+    lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+
+    def ok(v: float) -> bool:
+        above = v > low if low_open else v >= low
+        below = v < high if high_open else v <= high
+        return above and below
+
+    return _number_check(ok, f"in {lo}{low}, {high}{hi}")
+
+
+def one_of(*choices: str) -> Callable[..., None]:
+    def check(inst: Any, attribute: Any, value: Any) -> None:
+        if value not in choices:
+            raise ValueError(
+                f"must be one of {', '.join(map(repr, choices))}, got {value!r}"
+                + did_you_mean(str(value), choices)
+            )
+
+    return check
+
+
+def increasing() -> Callable[..., None]:
+    def check(inst: Any, attribute: Any, value: Sequence[float]) -> None:
+        if any(b <= a for a, b in zip(value, value[1:])):
+            raise ValueError(f"must be strictly increasing, got {list(value)!r}")
+
+    return check
+
+
+# -- type checking of TOML values -------------------------------------------
+
+
+class Invalid(Exception):
+    """A TOML value does not have the type a field expects."""
+
+
+def type_name(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+            list: "an array", dict: "a table"}.get(type(value), type(value).__name__)
+
+
+def check_type(tp: Any, value: Any) -> Any:
+    """Check ``value`` from TOML against the annotation ``tp``; return it normalized."""
+    import types
+    import typing
+
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return check_type(arg, value)
+            except Invalid as exc:
+                errors.append(str(exc))
+        raise Invalid(errors[0] if len(errors) == 1 else f"invalid value {value!r}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise Invalid(
+                f"must be one of {', '.join(map(repr, args))}, got {value!r}"
+                + did_you_mean(str(value), [str(a) for a in args])
+            )
+        return value
+    if origin in (tuple, list, Sequence) or tp in (tuple, list):
+        if not isinstance(value, list):
+            raise Invalid(f"must be an array, got {type_name(value)}")
+        item = args[0] if args else Any
+        out = []
+        for i, v in enumerate(value):
+            try:
+                out.append(check_type(item, v))
+            except Invalid as exc:
+                raise Invalid(f"item {i}: {exc}") from None
+        return tuple(out)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise Invalid(f"must be true or false, got {type_name(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise Invalid(f"must be an integer, got {type_name(value)} {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise Invalid(f"must be a number, got {type_name(value)} {value!r}")
+        if not math.isfinite(value):
+            raise Invalid(f"must be finite, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise Invalid(f"must be a string, got {type_name(value)}")
+        return value
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise Invalid(f"unsupported value {value!r} for type {tp!r}")
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved annotations of an attrs class (string annotations included)."""
+    import typing
+
+    cached = cls.__dict__.get("__gradpipe_types__")
+    if cached is not None:
+        return dict(cached)
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:
+        hints = {}
+    types = {a.name: hints.get(a.name, a.type if not isinstance(a.type, str) else Any)
+             for a in attrs.fields(cls)}
+    try:
+        type.__setattr__(cls, "__gradpipe_types__", types)
+    except (TypeError, AttributeError):
+        pass
+    return dict(types)

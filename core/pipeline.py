@@ -1,0 +1,232 @@
+"""The Pipeline: a ``tf.Module`` that owns all state and applies one step.
+
+One call of :meth:`Pipeline.apply_gradients` does, in order (DESIGN §5):
+
+1. reduce gradients across replicas once, through the placement;
+2. unscale by the loss scale and decide finiteness on the reduced gradients;
+   the loss scaler updates its scale;
+3. accumulate micro-batches when ``accumulation_steps > 1``;
+4. if the step is finite (and completes an accumulation window), run the
+   transforms in file order and subtract the result from the variables.
+
+A skipped step changes no variable, no transform state and not
+``iterations``. Every new value is computed before the first assignment, so a
+failure leaves all variables as they were.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from .build import build_component
+from .errors import GradpipeError
+from .fields import ScheduleRef
+from .registry import Registry, get_registry
+from .spec import ComponentSpec, PipelineSpec
+from .state import StateStore
+from .transform import BuildContext, build_scope
+
+
+class Pipeline(tf.Module):
+    """A built gradient pipeline. Create it with ``gradpipe.load``/``gradpipe.build``."""
+
+    def __init__(self, spec: PipelineSpec, registry: Registry | None = None) -> None:
+        super().__init__(name="gradpipe")
+        self._spec = spec
+        registry = registry or get_registry()
+        self._registry = registry
+        self.placement = build_component(spec.placement, registry) if spec.placement \
+            else None
+        self._built_schedules: dict[str, Any] = {}
+        with self.strategy.scope():
+            self._iterations = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="iterations",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self._skipped = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="skipped_steps",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self._micro_steps = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="micro_steps",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self._context = BuildContext(step=self._iterations.read_value,
+                                         resolve_schedule=self._resolve_schedule)
+            with build_scope(self._context):
+                self.loss_scaler = (build_component(spec.loss_scale, registry)
+                                    if spec.loss_scale else None)
+                self.schedules = {name: self._resolve_schedule(ScheduleRef(name))
+                                  for name in spec.schedules}
+                self._transforms = [build_component(t, registry) for t in spec.transforms]
+        self._state = StateStore(self, spec)
+
+    # -- public API --------------------------------------------------------
+
+    @property
+    def spec(self) -> PipelineSpec:
+        return self._spec
+
+    @property
+    def strategy(self) -> tf.distribute.Strategy:
+        return self.placement.strategy if self.placement else tf.distribute.get_strategy()
+
+    @property
+    def iterations(self) -> tf.Variable:
+        """Number of applied updates (skipped and accumulating calls excluded)."""
+        return self._iterations
+
+    @property
+    def skipped_steps(self) -> tf.Variable:
+        """Number of calls skipped for non-finite gradients."""
+        return self._skipped
+
+    @property
+    def loss_scale(self) -> tf.Tensor:
+        """The current loss scale (1.0 without a loss scaler)."""
+        if self.loss_scaler is None:
+            return tf.constant(1.0, tf.float32)
+        return tf.convert_to_tensor(self.loss_scaler())
+
+    @property
+    def variables_built(self) -> bool:
+        return self._state.built
+
+    def to_toml(self) -> str:
+        """The resolved pipeline, defaults filled in; it loads back identically."""
+        return self._spec.to_toml()
+
+    def scale_loss(self, loss: Any) -> tf.Tensor:
+        """Multiply ``loss`` by the loss scale (and 1/N for ``reduction = mean``)."""
+        loss = tf.convert_to_tensor(loss)
+        factor = self.loss_scale
+        divisor = self.placement.loss_divisor if self.placement else 1
+        if divisor != 1:
+            factor = factor / float(divisor)
+        return loss * tf.cast(factor, loss.dtype)
+
+    def build(self, variables: Sequence[tf.Variable]) -> None:
+        """Create all state for ``variables`` now (also done on first use)."""
+        self._state.build(list(variables))
+
+    @tf.autograph.experimental.do_not_convert
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> tf.Tensor:
+        """Apply gradients of the scaled loss; return whether the step was applied."""
+        pairs = list(grads_and_vars)
+        if not pairs:
+            raise GradpipeError("apply_gradients() got no (gradient, variable) pairs")
+        variables = [v for _, v in pairs]
+        if not self._state.built:
+            with tf.init_scope():  # state is created eagerly, never inside a trace
+                self._state.build(variables)
+        grads = self._state.align(pairs)
+        if all(g is None for g in grads):
+            raise GradpipeError("no gradients provided for any variable")
+        grads = self.placement.reduce(grads) if self.placement else grads
+        return self._step(grads)
+
+    # -- the step ----------------------------------------------------------
+
+    def _step(self, grads: list[Any]) -> tf.Tensor:
+        self._context.shared.clear()
+        scale = self.loss_scale
+        inv_scale = 1.0 / scale
+        grads = [None if g is None else _scale(g, inv_scale) for g in grads]
+        finite = _all_finite(grads)
+        if self.loss_scaler is not None:
+            _, should_apply = self.loss_scaler.update(grads)
+            finite = tf.logical_and(finite, tf.cast(should_apply, tf.bool))
+        self._skipped.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        k = self._spec.options.accumulation_steps
+        if k > 1:
+            return self._accumulate(grads, finite, k)
+        return tf.cond(finite, lambda: self._update(grads), lambda: tf.constant(False))
+
+    def _accumulate(self, grads: list[Any], finite: tf.Tensor, k: int) -> tf.Tensor:
+        store = self._state
+
+        def add() -> tf.Tensor:
+            micro = self._micro_steps.assign_add(1)
+            store.accumulate(grads)
+            return tf.equal(micro % k, 0)
+
+        complete = tf.cond(finite, add, lambda: tf.constant(False))
+
+        def apply() -> tf.Tensor:
+            mean = store.accumulated(k, like=grads)
+            applied = self._update(mean)
+            with tf.control_dependencies([applied]):
+                store.reset_accumulators()
+            return tf.identity(applied)
+
+        return tf.cond(complete, apply, lambda: tf.constant(False))
+
+    def _update(self, grads: list[Any]) -> tf.Tensor:
+        store = self._state
+        variables = store.variables
+        updates = list(grads)
+        new_states = []
+        for i, (spec, transform) in enumerate(zip(self._spec.transforms,
+                                                  self._transforms)):
+            mask = store.masks[i]
+            state = store.read(i)
+            masked = [u if m else None for u, m in zip(updates, mask)]
+            result, state = transform.update(masked, state, variables)
+            if len(result) != len(variables):
+                raise GradpipeError(
+                    f"transform {spec.name!r} at {spec.path} returned {len(result)} "
+                    f"updates for {len(variables)} variables")
+            updates = [r if m else u for r, u, m in zip(result, updates, mask)]
+            new_states.append(state)
+        # Everything is computed; only now does anything change.
+        deps = [t for t in tf.nest.flatten(updates + [new_states], expand_composites=True)
+                if isinstance(t, tf.Tensor)]
+        with tf.control_dependencies(deps):
+            ops = store.write(new_states)
+            for var, update, frozen in zip(variables, updates, store.frozen):
+                if update is None or frozen:
+                    continue
+                ops.append(_subtract(var, update))
+            with tf.control_dependencies(ops):
+                self._iterations.assign_add(1)
+                return tf.constant(True)
+
+    def _resolve_schedule(self, value: Any) -> Any:
+        if isinstance(value, ScheduleRef):
+            if value.name not in self._built_schedules:
+                spec = self._spec.schedules[value.name]
+                self._built_schedules[value.name] = build_component(spec, self._registry)
+            return self._built_schedules[value.name]
+        assert isinstance(value, ComponentSpec)
+        return build_component(value, self._registry)
+
+
+def _scale(g: Any, factor: tf.Tensor) -> Any:
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values * tf.cast(factor, g.values.dtype), g.indices,
+                                g.dense_shape)
+    return g * tf.cast(factor, g.dtype)
+
+
+def _values(g: Any) -> tf.Tensor:
+    return g.values if isinstance(g, tf.IndexedSlices) else g
+
+
+def _all_finite(grads: Sequence[Any]) -> tf.Tensor:
+    """One scalar: every non-None gradient is finite (IndexedSlices: values)."""
+    checks = [tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def _subtract(var: tf.Variable, update: Any) -> Any:
+    if isinstance(update, tf.IndexedSlices):
+        return var.scatter_sub(tf.IndexedSlices(tf.cast(update.values, var.dtype),
+                                                update.indices, update.dense_shape))
+    return var.assign_sub(tf.cast(update, var.dtype))
+
+
+def variable_path(var: Any) -> str:
+    """A stable, checkpoint-safe name for a variable (its path, else its name)."""
+    name = getattr(var, "path", None) or var.name
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", re.sub(r":\d+$", "", name))

@@ -1,0 +1,164 @@
+"""Validated, immutable descriptions of a pipeline (what a TOML file says).
+
+A :class:`PipelineSpec` is the output of validation and the input of
+building. It holds no TensorFlow objects, so ``gradpipe check`` can produce and
+print it without importing TensorFlow, and :meth:`PipelineSpec.to_mapping`
+writes it back as a TOML-shaped dict with every default filled in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .fields import HYPER, SCHEDULE, ScheduleRef, at_least, in_range
+
+SCHEMA_VERSION = 1
+
+
+@attrs.frozen(kw_only=True)
+class ComponentSpec:
+    """One component: its kind, registered name and validated config.
+
+    Attributes:
+        kind: ``transform``, ``loss_scale``, ``schedule``, ``convergence``,
+            ``placement`` or ``problem``.
+        name: the registered name, as written after ``kind =`` in TOML.
+        config: an instance of the component's attrs config class.
+        path: key path in the file, e.g. ``transforms[0]``.
+        dist: distribution that provides the component.
+        version: version of that distribution.
+        extra: engine-level keys of the table (e.g. ``variables``).
+    """
+
+    kind: str
+    name: str
+    config: Any
+    path: str = ""
+    dist: str = ""
+    version: str = ""
+    extra: dict[str, Any] = attrs.field(factory=dict)
+
+    def to_mapping(self) -> dict[str, Any]:
+        table: dict[str, Any] = {"kind": self.name}
+        for field in attrs.fields(type(self.config)):
+            value = getattr(self.config, field.name)
+            if value is None:
+                continue  # TOML has no null: an omitted key means "default"
+            table[field.name] = _value_to_toml(value)
+        table.update({k: _value_to_toml(v) for k, v in self.extra.items()})
+        return table
+
+    def schedules_used(self) -> list[ScheduleRef | ComponentSpec]:
+        """Schedules this component's fields use, by reference or inline."""
+        used = []
+        for field in attrs.fields(type(self.config)):
+            if field.metadata.get(HYPER) or field.metadata.get(SCHEDULE):
+                value = getattr(self.config, field.name)
+                if isinstance(value, (ScheduleRef, ComponentSpec)):
+                    used.append(value)
+        return used
+
+
+def _value_to_toml(value: Any) -> Any:
+    if isinstance(value, ScheduleRef):
+        return str(value)
+    if isinstance(value, ComponentSpec):
+        return value.to_mapping()
+    if isinstance(value, tuple):
+        return [_value_to_toml(v) for v in value]
+    return value
+
+
+@attrs.frozen(kw_only=True)
+class PipelineOptions:
+    """The ``[pipeline]`` table: options of the whole pipeline.
+
+    Attributes:
+        accumulation_steps: micro-batches per applied update (OpenSeq2Seq
+            ``iter_size``); the chain runs once every ``k`` calls on the mean.
+        freeze: regular expressions; matching variables are never updated.
+    """
+
+    accumulation_steps: int = attrs.field(default=1, validator=in_range(1, 1_000_000))
+    freeze: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class GradpipeSection:
+    """The ``[gradpipe]`` table."""
+
+    version: int = attrs.field(default=SCHEMA_VERSION, validator=at_least(1))
+    require: tuple[str, ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        from .fields import FieldError
+
+        if self.version != SCHEMA_VERSION:
+            raise FieldError(
+                "version",
+                f"this gradpipe reads schema version {SCHEMA_VERSION}, got {self.version}",
+            )
+
+
+@attrs.frozen(kw_only=True)
+class PipelineSpec:
+    """A whole validated pipeline file."""
+
+    gradpipe: GradpipeSection = attrs.field(factory=GradpipeSection)
+    placement: ComponentSpec | None = None
+    loss_scale: ComponentSpec | None = None
+    schedules: dict[str, ComponentSpec] = attrs.field(factory=dict)
+    options: PipelineOptions = attrs.field(factory=PipelineOptions)
+    transforms: tuple[ComponentSpec, ...] = ()
+    convergence: tuple[ComponentSpec, ...] = ()
+    problem: ComponentSpec | None = None
+    source: str | None = attrs.field(default=None, eq=False)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The resolved pipeline as a TOML-shaped dict, defaults filled in."""
+        out: dict[str, Any] = {
+            "gradpipe": {"version": self.gradpipe.version,
+                         "require": list(self.gradpipe.require)},
+        }
+        if not self.gradpipe.require:
+            del out["gradpipe"]["require"]
+        if self.placement is not None:
+            out["placement"] = self.placement.to_mapping()
+        if self.loss_scale is not None:
+            out["loss_scale"] = self.loss_scale.to_mapping()
+        if self.schedules:
+            out["schedules"] = {k: v.to_mapping() for k, v in self.schedules.items()}
+        out["pipeline"] = attrs.asdict(self.options)
+        if self.problem is not None:
+            out["problem"] = self.problem.to_mapping()
+        out["transforms"] = [t.to_mapping() for t in self.transforms]
+        if self.convergence:
+            out["convergence"] = [c.to_mapping() for c in self.convergence]
+        lock = self.lock()
+        if lock:
+            out["lock"] = lock
+        return out
+
+    def components(self) -> list[ComponentSpec]:
+        """Every component spec of the file, inline schedules included."""
+        top = [self.placement, self.loss_scale, self.problem, *self.schedules.values(),
+               *self.transforms, *self.convergence]
+        found: list[ComponentSpec] = []
+        stack = [c for c in top if c is not None]
+        while stack:
+            comp = stack.pop()
+            found.append(comp)
+            stack.extend(s for s in comp.schedules_used() if isinstance(s, ComponentSpec))
+        return found
+
+    def lock(self) -> dict[str, str]:
+        """Distribution -> version of every plugin the pipeline uses."""
+        return {c.dist: c.version for c in sorted(self.components(), key=lambda c: c.dist)
+                if c.dist}
+
+    def to_toml(self) -> str:
+        import tomli_w
+
+        return tomli_w.dumps(self.to_mapping())

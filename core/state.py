@@ -1,0 +1,204 @@
+"""Where a pipeline keeps its state: named ``tf.Variable``s, masks, accumulators.
+
+Transforms are pure functions; this store owns one ``tf.Variable`` per state
+tensor, named after the transform and the variable it belongs to, so
+``tf.train.Checkpoint`` keys are stable names, never positions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from .errors import ConfigError, GradpipeError, Problem
+from .spec import PipelineSpec
+
+
+class _Untracked:
+    """Holds references that must not become part of the pipeline's checkpoint."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+
+def _key(var: Any) -> Any:
+    return var.ref() if hasattr(var, "ref") else id(var)
+
+
+class StateStore(tf.Module):
+    """Per-transform state variables and gradient accumulators."""
+
+    def __init__(self, owner: Any, spec: PipelineSpec) -> None:
+        super().__init__(name="state")
+        self._owner = _Untracked([owner])
+        self._spec = spec
+        self._vars = _Untracked([])
+        self.slots: dict[str, dict[str, tf.Variable]] = {}
+        self.accumulators: dict[str, tf.Variable] = {}
+        self._layout = _Untracked([])
+        self.masks: list[list[bool]] = []
+        self.frozen: list[bool] = []
+        self.built = False
+
+    @property
+    def variables(self) -> list[Any]:
+        return self._vars.items
+
+    def build(self, variables: list[Any]) -> None:
+        from .pipeline import variable_path
+
+        if self.built:
+            return
+        owner = self._owner.items[0]
+        paths = _unique([variable_path(v) for v in variables])
+        self._vars.items = list(variables)
+        self._index = {_key(v): i for i, v in enumerate(variables)}
+        self.masks = [self._mask(t.extra, paths, t.path) for t in self._spec.transforms]
+        self.frozen = self._frozen(paths)
+        with owner.strategy.scope():
+            for i, (spec, transform) in enumerate(zip(self._spec.transforms,
+                                                      owner._transforms)):
+                state = transform.init(variables)
+                leaves = tf.nest.flatten(state)
+                names = _leaf_names(state, paths)
+                key = f"{i}_{spec.name}"
+                slots = {}
+                for name, leaf in zip(names, leaves):
+                    initial = tf.convert_to_tensor(leaf)
+                    slots[name] = tf.Variable(initial, trainable=False,
+                                              name=f"{key}/{name}".replace("/", "_"))
+                self.slots[key] = slots
+                self._layout.items.append((key, state, list(slots)))
+            if self._spec.options.accumulation_steps > 1:
+                for path, var in zip(paths, variables):
+                    self.accumulators[path] = tf.Variable(
+                        tf.zeros(var.shape, _master_dtype(var.dtype)),
+                        trainable=False, name=f"accumulator_{path}")
+        self.built = True
+
+    def _mask(self, extra: dict[str, Any], paths: list[str], where: str) -> list[bool]:
+        include = extra.get("variables") or ()
+        exclude = extra.get("exclude") or ()
+        problems = []
+        for key, patterns in (("variables", include), ("exclude", exclude)):
+            for i, pattern in enumerate(patterns):
+                try:
+                    regex = re.compile(pattern)
+                except re.error as exc:
+                    problems.append(Problem(path=f"{where}.{key}[{i}]",
+                                            message=f"invalid pattern {pattern!r}: {exc}"))
+                    continue
+                if not any(regex.search(p) for p in paths):
+                    problems.append(Problem(
+                        path=f"{where}.{key}[{i}]",
+                        message=f"pattern {pattern!r} matches no variable; variables "
+                                f"are: {', '.join(paths)}"))
+        if problems:
+            raise ConfigError(problems)
+
+        def selected(path: str) -> bool:
+            if include and not any(re.search(p, path) for p in include):
+                return False
+            return not any(re.search(p, path) for p in exclude)
+
+        return [selected(p) for p in paths]
+
+    def _frozen(self, paths: list[str]) -> list[bool]:
+        patterns = self._spec.options.freeze
+        for i, pattern in enumerate(patterns):
+            if not any(re.search(pattern, p) for p in paths):
+                raise ConfigError([Problem(
+                    path=f"pipeline.freeze[{i}]",
+                    message=f"pattern {pattern!r} matches no variable; variables are: "
+                            f"{', '.join(paths)}")])
+        return [any(re.search(p, path) for p in patterns) for path in paths]
+
+    def align(self, pairs: Sequence[tuple[Any, Any]]) -> list[Any]:
+        """Gradients in the order of the built variables; ``None`` where absent."""
+        grads: list[Any] = [None] * len(self.variables)
+        for g, v in pairs:
+            index = self._index.get(_key(v))
+            if index is None:
+                raise GradpipeError(
+                    f"variable {getattr(v, 'name', v)!r} was not among the variables "
+                    "this pipeline was built for; build a new pipeline for a new model")
+            grads[index] = g
+        return grads
+
+    def read(self, i: int) -> Any:
+        key, structure, names = self._layout.items[i]
+        slots = self.slots[key]
+        return tf.nest.pack_sequence_as(structure, [slots[n].read_value() for n in names])
+
+    def write(self, new_states: list[Any]) -> list[Any]:
+        ops = []
+        for (key, structure, names), state in zip(self._layout.items, new_states):
+            try:
+                tf.nest.assert_same_structure(structure, state)
+            except (ValueError, TypeError) as exc:
+                raise GradpipeError(
+                    f"transform {key!r} returned a state whose structure differs from "
+                    f"its init(): {exc}") from None
+            slots = self.slots[key]
+            for name, value in zip(names, tf.nest.flatten(state)):
+                ops.append(slots[name].assign(tf.cast(value, slots[name].dtype)))
+        return ops
+
+    def accumulate(self, grads: list[Any]) -> None:
+        for path, g in zip(self.accumulators, grads):
+            if g is None:
+                continue
+            acc = self.accumulators[path]
+            if isinstance(g, tf.IndexedSlices):
+                acc.scatter_add(tf.IndexedSlices(tf.cast(g.values, acc.dtype), g.indices,
+                                                 g.dense_shape))
+            else:
+                acc.assign_add(tf.cast(g, acc.dtype))
+
+    def accumulated(self, k: int, like: list[Any]) -> list[Any]:
+        return [None if g is None else acc.read_value() / float(k)
+                for acc, g in zip(self.accumulators.values(), like)]
+
+    def reset_accumulators(self) -> None:
+        for acc in self.accumulators.values():
+            acc.assign(tf.zeros_like(acc))
+
+
+def _unique(paths: list[str]) -> list[str]:
+    """Suffix repeated paths (two ``Variable:0`` objects) so each slot name is unique."""
+    seen: dict[str, int] = {}
+    out = []
+    for path in paths:
+        n = seen.get(path, 0)
+        seen[path] = n + 1
+        out.append(path if n == 0 else f"{path}_{n}")
+    return out
+
+
+def _master_dtype(dtype: Any) -> Any:
+    return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
+
+
+def _leaf_names(state: Any, paths: list[str]) -> list[str]:
+    """Readable names for the leaves of a state nest (``mu/dense_kernel``)."""
+    names: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k in sorted(node):
+                walk(node[k], f"{prefix}{k}/")
+        elif isinstance(node, tuple) and hasattr(node, "_fields"):
+            for field in node._fields:
+                walk(getattr(node, field), f"{prefix}{field}/")
+        elif isinstance(node, (list, tuple)):
+            per_variable = len(node) == len(paths)
+            for i, item in enumerate(node):
+                walk(item, f"{prefix}{paths[i] if per_variable else i}/")
+        else:
+            names.append(prefix.rstrip("/") or "value")
+
+    walk(state, "")
+    return names

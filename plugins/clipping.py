@@ -1,0 +1,123 @@
+"""Gradient clipping: ``clip_by_global_norm``, ``clip_by_norm``, ``clip_by_value``.
+
+``clip_by_global_norm`` follows OpenSeq2Seq ``optimize_loss`` and Keras
+``global_clipnorm``: one norm, in float32, over every gradient, ``None``
+skipped and ``IndexedSlices`` kept sparse, then ``g * c * min(1/norm, 1/c)``.
+The norm is shared with later transforms and summaries as ``global_norm``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, no_state, shared
+from gradpipe.fields import FieldError, positive
+
+
+def _values(g: Any) -> Any:
+    import tensorflow as tf
+
+    return g.values if isinstance(g, tf.IndexedSlices) else g
+
+
+def _map_values(g: Any, fn: Any) -> Any:
+    import tensorflow as tf
+
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(fn(g.values), g.indices, g.dense_shape)
+    return fn(g)
+
+
+def global_norm(grads: list[Any]) -> Any:
+    """sqrt(sum of squares) of all non-None gradients, in float32."""
+    import tensorflow as tf
+
+    squares = [tf.reduce_sum(tf.square(tf.cast(_values(g), tf.float32)))
+               for g in grads if g is not None]
+    return tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0)
+
+
+@attrs.frozen(kw_only=True)
+class ClipNormConfig:
+    """Config of ``clip_by_global_norm`` and ``clip_by_norm``.
+
+    Attributes:
+        clip_norm: the largest norm allowed (> 0; a number or a schedule).
+    """
+
+    clip_norm: Any = hyperparameter(validator=positive())
+
+
+def clip_by_global_norm(cfg: ClipNormConfig) -> Transform:
+    """Rescale all gradients together so their joint L2 norm is at most ``clip_norm``."""
+    clip = hyper(cfg.clip_norm)
+    shared_values = shared()
+
+    def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
+        import tensorflow as tf
+
+        norm = global_norm(grads)
+        shared_values["global_norm"] = norm
+        c = clip()
+        factor = c * tf.minimum(1.0 / norm, 1.0 / c)
+        return map_grads(lambda g: _map_values(g, lambda x: x * tf.cast(factor, x.dtype)),
+                         grads), state
+
+    return Transform(no_state, update)
+
+
+def clip_by_norm(cfg: ClipNormConfig) -> Transform:
+    """Clip each gradient tensor to L2 norm ``clip_norm`` (Keras ``clipnorm``)."""
+    clip = hyper(cfg.clip_norm)
+
+    def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
+        import tensorflow as tf
+
+        c = clip()
+        return map_grads(lambda g: tf.clip_by_norm(g, tf.cast(c, _values(g).dtype)),
+                         grads), state
+
+    return Transform(no_state, update)
+
+
+@attrs.frozen(kw_only=True)
+class ClipValueConfig:
+    """Config of ``clip_by_value``.
+
+    Attributes:
+        clip_value_min: lower bound of every gradient element.
+        clip_value_max: upper bound; must be >= ``clip_value_min``.
+    """
+
+    clip_value_min: Any = hyperparameter()
+    clip_value_max: Any = hyperparameter()
+
+    def __attrs_post_init__(self) -> None:
+        lo, hi = self.clip_value_min, self.clip_value_max
+        if isinstance(lo, float) and isinstance(hi, float) and lo > hi:
+            raise FieldError("clip_value_max",
+                             f"must be >= clip_value_min ({lo}), got {hi}")
+
+
+def clip_by_value(cfg: ClipValueConfig) -> Transform:
+    """Clip every gradient element to ``[clip_value_min, clip_value_max]``."""
+    lo, hi = hyper(cfg.clip_value_min), hyper(cfg.clip_value_max)
+
+    def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
+        import tensorflow as tf
+
+        low, high = lo(), hi()
+        return map_grads(lambda g: _map_values(
+            g, lambda x: tf.clip_by_value(x, tf.cast(low, x.dtype), tf.cast(high, x.dtype))
+        ), grads), state
+
+    return Transform(no_state, update)
+
+
+@hookimpl
+def gradpipe_register_transforms(register: Any) -> None:
+    register("clip_by_global_norm", clip_by_global_norm, ClipNormConfig)
+    register("clip_by_norm", clip_by_norm, ClipNormConfig)
+    register("clip_by_value", clip_by_value, ClipValueConfig)

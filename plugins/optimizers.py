@@ -1,0 +1,171 @@
+"""Update rules with Keras 3 semantics: ``sgd`` and ``adam``.
+
+Each rule is the last transform of a chain: its output is the step that is
+subtracted from the variable. The formulas follow ``keras.optimizers.SGD`` and
+``keras.optimizers.Adam`` exactly (keras-team/keras ``optimizers/sgd.py`` and
+``adam.py``), so a pipeline and the Keras optimizer agree to float32 rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import attrs
+
+from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads
+from gradpipe.fields import in_range, non_negative
+
+
+def _dense(g: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+
+
+def _slot_dtype(var: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.float32 if var.dtype in (tf.float16, tf.bfloat16) else var.dtype
+
+
+def _zeros(variables: list[Any]) -> list[Any]:
+    import tensorflow as tf
+
+    return [tf.zeros(v.shape, _slot_dtype(v)) for v in variables]
+
+
+# -- SGD ---------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SGDConfig:
+    """Config of ``sgd``.
+
+    Attributes:
+        learning_rate: step size (a number or a schedule).
+        momentum: heavy-ball momentum in [0, 1]; 0 disables the momentum slot.
+        nesterov: use Nesterov momentum.
+    """
+
+    learning_rate: Any = hyperparameter(default=0.01, validator=non_negative())
+    momentum: Any = hyperparameter(default=0.0, validator=in_range(0.0, 1.0))
+    nesterov: bool = False
+
+
+class SGDState(NamedTuple):
+    momentum: list[Any]
+
+
+def sgd(cfg: SGDConfig) -> Transform:
+    """Keras ``SGD``: ``m = momentum*m - lr*g``; ``var += m`` (or the Nesterov form)."""
+    lr = hyper(cfg.learning_rate)
+    momentum = hyper(cfg.momentum)
+    uses_momentum = not (isinstance(cfg.momentum, float) and cfg.momentum == 0.0)
+
+    def init(variables: list[Any]) -> Any:
+        return SGDState(_zeros(variables)) if uses_momentum else ()
+
+    def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
+        import tensorflow as tf
+
+        lr_t = lr()
+        if not uses_momentum:
+            def plain(g: Any) -> Any:
+                if isinstance(g, tf.IndexedSlices):  # stays sparse
+                    return tf.IndexedSlices(g.values * tf.cast(lr_t, g.values.dtype),
+                                            g.indices, g.dense_shape)
+                return g * tf.cast(lr_t, g.dtype)
+            return map_grads(plain, grads), state
+        mu = momentum()
+        new_m, updates = [], []
+        for g, m in zip(grads, state.momentum):
+            if g is None:
+                new_m.append(m)
+                updates.append(None)
+                continue
+            g = tf.cast(_dense(g), m.dtype)
+            lr_c, mu_c = tf.cast(lr_t, m.dtype), tf.cast(mu, m.dtype)
+            m = m * mu_c - g * lr_c
+            new_m.append(m)
+            updates.append(-(m * mu_c - g * lr_c) if cfg.nesterov else -m)
+        return updates, SGDState(new_m)
+
+    return Transform(init, update)
+
+
+# -- Adam --------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class AdamConfig:
+    """Config of ``adam``.
+
+    Attributes:
+        learning_rate: step size (a number or a schedule).
+        beta_1: decay of the first moment, in [0, 1).
+        beta_2: decay of the second moment, in [0, 1).
+        epsilon: added to the root of the second moment.
+        amsgrad: use the running maximum of the second moment.
+    """
+
+    learning_rate: Any = hyperparameter(default=0.001, validator=non_negative())
+    beta_1: Any = hyperparameter(default=0.9, validator=in_range(0.0, 1.0, high_open=True))
+    beta_2: Any = hyperparameter(default=0.999,
+                                 validator=in_range(0.0, 1.0, high_open=True))
+    epsilon: float = attrs.field(default=1e-7, validator=non_negative())
+    amsgrad: bool = False
+
+
+class AdamState(NamedTuple):
+    count: Any
+    mu: list[Any]
+    nu: list[Any]
+    nu_max: list[Any]
+
+
+def adam(cfg: AdamConfig) -> Transform:
+    """Keras ``Adam``, bias correction folded into the step size as Keras does."""
+    lr, beta_1, beta_2 = hyper(cfg.learning_rate), hyper(cfg.beta_1), hyper(cfg.beta_2)
+
+    def init(variables: list[Any]) -> AdamState:
+        import tensorflow as tf
+
+        return AdamState(tf.constant(0, tf.int64), _zeros(variables), _zeros(variables),
+                         _zeros(variables) if cfg.amsgrad else [])
+
+    def update(grads: list[Any], state: AdamState, variables: list[Any]) -> Any:
+        import tensorflow as tf
+
+        count = state.count + 1
+        step = tf.cast(count, tf.float32)
+        b1, b2 = beta_1(), beta_2()
+        alpha32 = lr() * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
+        updates, mus, nus = [], [], []
+        maxes = list(state.nu_max)
+        for i, (g, m, v) in enumerate(zip(grads, state.mu, state.nu)):
+            if g is None:
+                updates.append(None)
+                mus.append(m)
+                nus.append(v)
+                continue
+            dtype = m.dtype
+            g = tf.cast(_dense(g), dtype)
+            m = m + (g - m) * (1 - tf.cast(b1, dtype))
+            v = v + (tf.square(g) - v) * (1 - tf.cast(b2, dtype))
+            mus.append(m)
+            nus.append(v)
+            denom_v = v
+            if cfg.amsgrad:
+                maxes[i] = tf.maximum(maxes[i], v)
+                denom_v = maxes[i]
+            updates.append(m * tf.cast(alpha32, dtype)
+                           / (tf.sqrt(denom_v) + tf.cast(cfg.epsilon, dtype)))
+        return updates, AdamState(count, mus, nus, maxes)
+
+    return Transform(init, update)
+
+
+@hookimpl
+def gradpipe_register_transforms(register: Any) -> None:
+    register("sgd", sgd, SGDConfig)
+    register("adam", adam, AdamConfig)
