@@ -59,6 +59,13 @@ def create(kind: str, table: Mapping[str, Any], *, registry: Registry | None = N
     as inline schedules follow step 0 unless the component runs inside a
     pipeline; ``"@name"`` references need a pipeline.
     """
+    registry = registry or get_registry()
+    return build_component(component_spec(kind, table, registry=registry), registry)
+
+
+def component_spec(kind: str, table: Mapping[str, Any], *,
+                   registry: Registry | None = None) -> ComponentSpec:
+    """Validate one component table into a spec (no TensorFlow needed)."""
     from .config import _Collector, _SpecBuilder
 
     if kind not in KIND_HOOKS:
@@ -72,4 +79,4 @@ def create(kind: str, table: Mapping[str, Any], *, registry: Registry | None = N
     spec = builder.component(kind, table, kind)
     if out.problems or spec is None:
         raise ConfigError(out.problems)
-    return build_component(spec, registry)
+    return spec

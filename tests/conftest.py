@@ -1,0 +1,84 @@
+"""Shared fixtures: throwaway plugin distributions and numeric helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def assert_close(actual, expected, *, rtol, atol):
+    """Element-wise closeness over nests of arrays, with explicit tolerances."""
+    import numpy as np
+
+    if isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_close(a, e, rtol=rtol, atol=atol)
+        return
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol,
+                               atol=atol)
+
+
+class FakeDist:
+    """A real distribution on disk (dist-info + module), found by importlib.metadata."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def add(self, dist: str, version: str, entry_points: dict[str, str],
+            modules: dict[str, str]) -> None:
+        info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        lines = ["[gradpipe]"] + [f"{k} = {v}" for k, v in entry_points.items()]
+        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        for name, code in modules.items():
+            (self.root / f"{name}.py").write_text(textwrap.dedent(code))
+
+    def run(self, code: str, env: dict[str, str] | None = None, timeout: float = 120):
+        """Run Python code with these distributions installed; return the result."""
+        full_env = {**os.environ, "PYTHONPATH": str(self.root), **(env or {})}
+        for key in ("GRADPIPE_STRICT_PLUGINS", "GRADPIPE_PLUGINS",
+                    "GRADPIPE_DISABLED_PLUGINS", "GRADPIPE_DISABLE_PLUGIN_AUTOLOAD"):
+            if key not in (env or {}):
+                full_env.pop(key, None)
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+                              capture_output=True, text=True, env=full_env,
+                              timeout=timeout)
+
+    def registry_json(self, env: dict[str, str] | None = None) -> dict:
+        result = self.run("""
+            import json
+            from gradpipe.registry import get_registry
+            r = get_registry()
+            print(json.dumps({"plugins": [p.as_dict() for p in r.plugins],
+                              "transforms": r.names("transform")}))
+        """, env)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+
+@pytest.fixture
+def fake_dists(tmp_path: Path) -> FakeDist:
+    return FakeDist(tmp_path / "site")
+
+
+@pytest.fixture
+def write_toml(tmp_path: Path):
+    def write(text: str, name: str = "pipe.toml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text).lstrip())
+        return path
+
+    return write

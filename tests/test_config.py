@@ -1,0 +1,179 @@
+"""Validation of pipeline files: every problem, with file, key path and line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+import gradpipe
+from gradpipe import ConfigError
+
+
+def problems(exc: ConfigError) -> dict[str, tuple[int | None, str]]:
+    return {p.path: (p.line, p.message) for p in exc.problems}
+
+
+class TestErrors:
+    def test_all_errors_reported_with_lines_and_suggestions(self, write_toml):
+        """Every mistake in a file is reported at once, each with its line."""
+        path = write_toml("""
+            [gradpipe]
+            version = 1
+
+            [pipline]
+            x = 1
+
+            [[transforms]]
+            kind = "clip_by_global_norm"
+            clip_norm = -1.0
+
+            [[transforms]]
+            kind = "adma"
+
+            [[transforms]]
+            kind = "adam"
+            learning_rat = 0.1
+            beta_1 = "high"
+        """)
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse(path)
+        found = problems(info.value)
+        assert found["pipline"][0] == 4
+        assert "did you mean 'pipeline'" in found["pipline"][1]
+        assert found["transforms[0].clip_norm"] == (9, "must be > 0, got -1.0")
+        assert found["transforms[1].kind"][0] == 12
+        assert "did you mean 'adam'" in found["transforms[1].kind"][1]
+        assert found["transforms[2].learning_rat"][0] == 16
+        assert "did you mean 'learning_rate'" in found["transforms[2].learning_rat"][1]
+        assert found["transforms[2].beta_1"][0] == 17
+        text = str(info.value)
+        assert f"{path}:9: transforms[0].clip_norm: must be > 0, got -1.0" in text
+
+    def test_syntax_error_has_line(self, write_toml):
+        """A TOML syntax error is a ConfigError with the line of the mistake."""
+        path = write_toml('[[transforms]]\nkind = "sgd"\nlearning_rate = = 1\n')
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse(path)
+        assert info.value.line == 3
+        assert "invalid TOML" in str(info.value)
+
+    @pytest.mark.parametrize("value, message", [
+        (True, "must be a number, got a boolean"),
+        ("fast", "must be a number, '@name' or a schedule table"),
+        ([1.0], "must be a number"),
+        (float("nan"), "must be finite"),
+        (float("inf"), "must be finite"),
+    ])
+    def test_wrong_types(self, value, message):
+        """Wrong types and non-finite numbers name the key."""
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse({"transforms": [{"kind": "sgd", "learning_rate": value}]})
+        assert info.value.path == "transforms[0].learning_rate"
+        assert message in str(info.value)
+
+    def test_missing_required_and_kind(self):
+        """A missing required key and a missing kind are both reported."""
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse({"transforms": [{"kind": "clip_by_norm"}, {"lr": 1}]})
+        found = problems(info.value)
+        assert found["transforms[0].clip_norm"][1] == "is required"
+        assert "needs 'kind'" in found["transforms[1]"][1]
+
+    def test_no_transforms(self):
+        with pytest.raises(ConfigError, match="at least one"):
+            gradpipe.parse({})
+
+    def test_enum_suggestion(self):
+        with pytest.raises(ConfigError, match="did you mean 'mean'"):
+            gradpipe.parse({"placement": {"kind": "default", "reduction": "maen"},
+                            "transforms": [{"kind": "sgd"}]})
+
+    def test_version_must_match(self):
+        with pytest.raises(ConfigError, match="schema version 1, got 2"):
+            gradpipe.parse({"gradpipe": {"version": 2}, "transforms": [{"kind": "sgd"}]})
+
+
+class TestSchedules:
+    def test_reference_and_inline(self):
+        """A hyperparameter takes a number, "@name" or an inline schedule table."""
+        spec = gradpipe.parse({
+            "schedules": {"lr": {"kind": "fixed_lr", "learning_rate": 0.5}},
+            "transforms": [
+                {"kind": "clip_by_norm", "clip_norm": {"kind": "constant", "value": 2.0}},
+                {"kind": "sgd", "learning_rate": "@lr"},
+            ],
+        })
+        assert str(spec.transforms[1].config.learning_rate) == "@lr"
+        assert spec.transforms[0].config.clip_norm.name == "constant"
+
+    @pytest.mark.parametrize("schedules, ref, message", [
+        ({}, "@nope", "not defined"),
+        ({"lr": {"kind": "fixed_lr", "learning_rate": 1.0}}, "@lrr", "did you mean 'lr'"),
+    ])
+    def test_bad_reference(self, schedules, ref, message):
+        with pytest.raises(ConfigError, match=message) as info:
+            gradpipe.parse({"schedules": schedules,
+                            "transforms": [{"kind": "sgd", "learning_rate": ref}]})
+        assert info.value.path == "transforms[0].learning_rate"
+
+    def test_unknown_schedule_kind_inline(self):
+        with pytest.raises(ConfigError, match="unknown schedule 'fixed'"):
+            gradpipe.parse({"transforms": [
+                {"kind": "sgd", "learning_rate": {"kind": "fixed", "learning_rate": 1}}]})
+
+
+class TestRequire:
+    def test_requirement_met(self):
+        gradpipe.parse({"gradpipe": {"require": ["gradpipe>=0.1"]},
+                        "transforms": [{"kind": "sgd"}]})
+
+    def test_requirement_not_met_and_missing(self):
+        """An unmet pin says installed and wanted; a missing plugin says so."""
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse({"gradpipe": {"require": ["gradpipe>=99", "gradpipe-nope>=1"]},
+                            "transforms": [{"kind": "sgd"}]})
+        found = problems(info.value)
+        assert "0.1.0 is installed, but the pipeline wants gradpipe>=99" in \
+            found["gradpipe.require[0]"][1]
+        assert "not installed" in found["gradpipe.require[1]"][1]
+
+
+class TestNoCodeFromFiles:
+    @pytest.mark.parametrize("name", ["os:system", "os.path.join", "subprocess",
+                                      "gradpipe.plugins.optimizers:sgd", "json"])
+    def test_names_are_never_imported(self, name):
+        """A file can only name registered components; nothing is imported."""
+        before = set(sys.modules)
+        with pytest.raises(ConfigError, match="unknown transform"):
+            gradpipe.parse({"transforms": [{"kind": name}]})
+        assert set(sys.modules) - before == set()
+
+
+class TestRoundTrip:
+    def test_to_toml_loads_back_identically(self):
+        """The resolved TOML has defaults filled in and parses to an equal spec."""
+        spec = gradpipe.parse({
+            "schedules": {"lr": {"kind": "fixed_lr", "learning_rate": 0.5}},
+            "loss_scale": {"kind": "dynamic", "initial_loss_scale": 128.0},
+            "pipeline": {"accumulation_steps": 2},
+            "transforms": [{"kind": "clip_by_global_norm", "clip_norm": 1.0},
+                           {"kind": "adam", "learning_rate": "@lr"}],
+        })
+        text = spec.to_toml()
+        data = tomllib.loads(text)
+        assert data["transforms"][1]["beta_2"] == 0.999
+        assert data["loss_scale"]["increment_period"] == 2000
+        assert data["lock"] == {"gradpipe": gradpipe.__version__}
+        assert gradpipe.parse(data) == spec
+
+
+def test_parse_does_not_import_tensorflow(write_toml):
+    """Validating a file never imports TensorFlow."""
+    path = write_toml('[[transforms]]\nkind = "adam"\n')
+    code = (f"import sys, gradpipe; gradpipe.parse({str(path)!r}); "
+            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

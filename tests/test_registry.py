@@ -1,0 +1,154 @@
+"""Plugin discovery through real entry points of throwaway distributions."""
+
+from __future__ import annotations
+
+import pytest
+
+GOOD = """
+    import attrs
+    import gradpipe
+
+    @attrs.frozen(kw_only=True)
+    class Config:
+        factor: float = gradpipe.hyperparameter(default=2.0)
+
+    def scale(cfg):
+        factor = gradpipe.hyper(cfg.factor)
+        def update(grads, state, variables):
+            f = factor()
+            return gradpipe.map_grads(lambda g: g * f, grads), state
+        return gradpipe.Transform(gradpipe.no_state, update)
+
+    @gradpipe.hookimpl
+    def gradpipe_register_transforms(register):
+        register("{name}", scale, Config)
+"""
+
+
+def by_entry_point(data: dict) -> dict[str, dict]:
+    return {p["entry_point"]: p for p in data["plugins"]}
+
+
+class TestLoading:
+    def test_third_party_plugin_is_found(self, fake_dists):
+        """A distribution with a gradpipe entry point contributes its components."""
+        fake_dists.add("gradpipe-scale", "1.2", {"scale": "gp_scale"},
+                       {"gp_scale": GOOD.format(name="scale")})
+        data = fake_dists.registry_json()
+        assert "scale" in data["transforms"]
+        record = by_entry_point(data)["scale"]
+        assert record["status"] == "loaded"
+        assert record["distribution"] == "gradpipe-scale"
+        assert record["version"] == "1.2"
+        assert record["hooks"] == ["gradpipe_register_transforms"]
+        assert record["components"] == {"transform": ["scale"]}
+
+    def test_failing_import_is_isolated(self, fake_dists):
+        """A plugin that raises at import is recorded; the others still load."""
+        fake_dists.add("gradpipe-broken", "0.1", {"broken": "gp_broken"},
+                       {"gp_broken": "raise RuntimeError('boom at import')"})
+        fake_dists.add("gradpipe-scale", "1.2", {"scale": "gp_scale"},
+                       {"gp_scale": GOOD.format(name="scale")})
+        data = fake_dists.registry_json()
+        broken = by_entry_point(data)["broken"]
+        assert broken["status"] == "failed"
+        assert "RuntimeError: boom at import" in broken["error"]
+        assert "scale" in data["transforms"] and "adam" in data["transforms"]
+
+    def test_failed_plugin_named_in_pipeline_error(self, fake_dists):
+        """A pipeline naming a component of a failed plugin is told so."""
+        fake_dists.add("gradpipe-broken", "0.1", {"broken": "gp_broken"},
+                       {"gp_broken": "raise ImportError('needs libfoo')"})
+        result = fake_dists.run("""
+            import gradpipe
+            try:
+                gradpipe.parse({"transforms": [{"kind": "agc"}]})
+            except gradpipe.ConfigError as e:
+                print(e)
+        """)
+        assert "gradpipe-broken 0.1 (entry point 'broken')" in result.stdout
+        assert "needs libfoo" in result.stdout
+
+    def test_strict_mode_raises(self, fake_dists):
+        fake_dists.add("gradpipe-broken", "0.1", {"broken": "gp_broken"},
+                       {"gp_broken": "raise RuntimeError('boom')"})
+        result = fake_dists.run(
+            "from gradpipe.registry import get_registry; get_registry()",
+            env={"GRADPIPE_STRICT_PLUGINS": "1"})
+        assert result.returncode != 0
+        assert "PluginError" in result.stderr and "boom" in result.stderr
+
+    def test_conflict_names_both_providers(self, fake_dists):
+        """Two plugins registering one name: a PluginError naming both."""
+        fake_dists.add("gradpipe-one", "1.0", {"one": "gp_one"},
+                       {"gp_one": GOOD.format(name="scale")})
+        fake_dists.add("gradpipe-two", "2.0", {"two": "gp_two"},
+                       {"gp_two": GOOD.format(name="scale")})
+        data = fake_dists.registry_json()
+        two = by_entry_point(data)["two"]
+        assert two["status"] == "conflict"
+        assert "gradpipe-one 1.0 (entry point 'one')" in two["error"]
+        assert "gradpipe-two 2.0 (entry point 'two')" in two["error"]
+        result = fake_dists.run("""
+            from gradpipe.registry import get_registry
+            from gradpipe import PluginError
+            try:
+                get_registry().get("transform", "scale")
+            except PluginError as e:
+                print("PluginError:", e)
+        """)
+        assert "PluginError: transform 'scale' is provided by two plugins" in result.stdout
+
+    def test_conflict_with_builtin(self, fake_dists):
+        fake_dists.add("gradpipe-evil", "1.0", {"evil": "gp_evil"},
+                       {"gp_evil": GOOD.format(name="adam")})
+        data = fake_dists.registry_json()
+        assert by_entry_point(data)["evil"]["status"] == "conflict"
+
+    def test_misspelt_hook_fails_loudly(self, fake_dists):
+        """check_pending: an unknown hook name fails the plugin with a suggestion."""
+        code = GOOD.format(name="scale").replace(
+            "def gradpipe_register_transforms", "def gradpipe_register_transfroms")
+        fake_dists.add("gradpipe-typo", "0.1", {"typo": "gp_typo"}, {"gp_typo": code})
+        record = by_entry_point(fake_dists.registry_json())["typo"]
+        assert record["status"] == "failed"
+        assert "did you mean 'gradpipe_register_transforms'" in record["error"]
+
+    def test_registration_error_rolls_back(self, fake_dists):
+        """A plugin whose hook raises after registering one name is rolled back."""
+        code = GOOD.format(name="scale") + """
+    @gradpipe.hookimpl
+    def gradpipe_register_schedules(register):
+        raise ValueError("bad schedule")
+"""
+        fake_dists.add("gradpipe-half", "0.1", {"half": "gp_half"}, {"gp_half": code})
+        data = fake_dists.registry_json()
+        assert by_entry_point(data)["half"]["status"] == "failed"
+        assert "scale" not in data["transforms"]
+
+
+class TestSwitches:
+    @pytest.fixture
+    def two_plugins(self, fake_dists):
+        fake_dists.add("gradpipe-one", "1.0", {"one": "gp_one"},
+                       {"gp_one": GOOD.format(name="scale_one")})
+        fake_dists.add("gradpipe-two", "1.0", {"two": "gp_two"},
+                       {"gp_two": GOOD.format(name="scale_two")})
+        return fake_dists
+
+    @pytest.mark.parametrize("value", ["two", "gradpipe-two"])
+    def test_block_list_by_entry_point_or_dist(self, two_plugins, value):
+        data = two_plugins.registry_json({"GRADPIPE_DISABLED_PLUGINS": value})
+        assert "scale_one" in data["transforms"]
+        assert "scale_two" not in data["transforms"]
+        assert by_entry_point(data)["two"]["status"] == "blocked"
+
+    def test_allow_list(self, two_plugins):
+        data = two_plugins.registry_json({"GRADPIPE_PLUGINS": "gradpipe-one"})
+        assert "scale_one" in data["transforms"] and "scale_two" not in data["transforms"]
+        assert "adam" in data["transforms"]  # built-ins always load
+
+    def test_disable_autoload_keeps_builtins(self, two_plugins):
+        data = two_plugins.registry_json({"GRADPIPE_DISABLE_PLUGIN_AUTOLOAD": "1"})
+        assert "adam" in data["transforms"]
+        assert not {"scale_one", "scale_two"} & set(data["transforms"])
