@@ -10,6 +10,8 @@ the error names the exact key, and only then constructs the instance, whose
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -123,7 +125,7 @@ def one_of(*choices: str) -> Callable[..., None]:
 
 def increasing() -> Callable[..., None]:
     def check(inst: Any, attribute: Any, value: Sequence[float]) -> None:
-        if any(b <= a for a, b in zip(value, value[1:])):
+        if any(b <= a for a, b in itertools.pairwise(value)):
             raise ValueError(f"must be strictly increasing, got {list(value)!r}")
 
     return check
@@ -216,8 +218,6 @@ def field_types(cls: type) -> dict[str, Any]:
         hints = {}
     types = {a.name: hints.get(a.name, a.type if not isinstance(a.type, str) else Any)
              for a in attrs.fields(cls)}
-    try:
+    with contextlib.suppress(TypeError, AttributeError):
         type.__setattr__(cls, "__gradpipe_types__", types)
-    except (TypeError, AttributeError):
-        pass
     return dict(types)

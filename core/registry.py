@@ -260,10 +260,6 @@ class Registry:
         key = (kind, name)
         if key in self.conflicts:
             first, second = self.conflicts[key]
-            for provider in (first, second):
-                if dist == provider.dist and key in self.components:
-                    if self.components[key].provider.dist == dist:
-                        return self.components[key]
             raise PluginError(
                 f"{kind} {name!r} is provided by two plugins, {first} and {second}; "
                 "refusing to pick one"

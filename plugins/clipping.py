@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-
 from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, no_state, shared
 from gradpipe.fields import FieldError, positive
 

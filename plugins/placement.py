@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import attrs
-
 from gradpipe import hookimpl
 from gradpipe.fields import one_of
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-
 from gradpipe import hookimpl
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
-
-import pytest
 
 import gradpipe
+import pytest
+import tomllib
 from gradpipe import ConfigError
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import gradpipe
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import assert_close
-
-import gradpipe
 from gradpipe import GradpipeError
 
 STEPS = 6
@@ -194,7 +193,7 @@ def test_fixed_loss_scale_unscales():
 
 
 def test_fixed_loss_scale_reference_error():
-    with pytest.raises(gradpipe.ConfigError, match="loss_scale_value must be at least 1."):
+    with pytest.raises(gradpipe.ConfigError, match=r"loss_scale_value must be at least 1\."):
         gradpipe.build({"loss_scale": {"kind": "fixed", "loss_scale_value": 0.5},
                         "transforms": [{"kind": "sgd"}]})
 

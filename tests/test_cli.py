@@ -1,0 +1,95 @@
+"""The command line, run as a user runs it: a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT
+
+
+def gradpipe_cli(*args: str, env: dict[str, str] | None = None):
+    return subprocess.run([sys.executable, "-m", "gradpipe.cli", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_plugins_json_lists_builtins_with_provenance():
+    result = gradpipe_cli("plugins", "--all", "--json")
+    assert result.returncode == 0, result.stderr
+    records = {r["entry_point"]: r for r in json.loads(result.stdout)}
+    assert records["optimizers"]["distribution"] == "gradpipe"
+    assert records["optimizers"]["components"]["transform"] == ["sgd", "adam"]
+    assert records["optimizers"]["status"] == "loaded"
+    assert records["optimizers"]["hooks"] == ["gradpipe_register_transforms"]
+
+
+def test_plugins_hides_builtins_without_all():
+    result = gradpipe_cli("plugins", "--json")
+    assert all(not r["builtin"] for r in json.loads(result.stdout))
+
+
+def test_check_ok_prints_resolved_pipeline():
+    result = gradpipe_cli("check", str(ROOT / "examples" / "quickstart.toml"))
+    assert result.returncode == 0, result.stderr
+    assert "beta_2 = 0.999" in result.stdout  # defaults filled in
+
+
+def test_check_errors_exit_1_and_list_all(write_toml):
+    path = write_toml("""
+        [[transforms]]
+        kind = "clip_by_global_norm"
+        clip_norm = -1.0
+
+        [[transforms]]
+        kind = "adamm"
+    """)
+    result = gradpipe_cli("check", str(path))
+    assert result.returncode == 1
+    assert f"{path}:3: transforms[0].clip_norm: must be > 0, got -1.0" in result.stderr
+    assert "did you mean 'adam'" in result.stderr
+    as_json = json.loads(gradpipe_cli("check", str(path), "--json").stdout)
+    assert as_json["ok"] is False and len(as_json["errors"]) == 2
+    assert as_json["errors"][0]["line"] == 3
+
+
+@pytest.mark.parametrize("command", [["plugins", "--all"], ["check", "QUICKSTART"]])
+def test_listing_and_checking_do_not_import_tensorflow(command):
+    """`plugins` and `check` stay fast: TensorFlow is never imported."""
+    args = [str(ROOT / "examples" / "quickstart.toml") if a == "QUICKSTART" else a
+            for a in command]
+    code = ("import sys; from gradpipe.cli import main; rc = main(sys.argv[1:]); "
+            "assert 'tensorflow' not in sys.modules; sys.exit(rc)")
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    # Not a timing assertion on the code path: TF alone takes seconds to import.
+    assert time.perf_counter() - start < 30
+
+
+def test_run_quickstart_reaches_target():
+    result = gradpipe_cli("run", str(ROOT / "examples" / "quickstart.toml"), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["target_reached"] is True
+    assert summary["steps"] == 500 and summary["skipped_steps"] == 0
+    assert summary["distance_to_optimum"] < 0.05
+
+
+def test_run_other_problem_and_text_summary():
+    result = gradpipe_cli("run", str(ROOT / "examples" / "quickstart.toml"),
+                          "--problem", "rosenbrock", "--steps", "50")
+    assert result.returncode == 0, result.stderr
+    assert "problem               rosenbrock" in result.stdout
+    assert "steps                 50" in result.stdout
+
+
+def test_run_without_problem_is_clear(write_toml):
+    path = write_toml('[[transforms]]\nkind = "sgd"\n')
+    result = gradpipe_cli("run", str(path))
+    assert result.returncode == 1
+    assert "no problem to run" in result.stderr
