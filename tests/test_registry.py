@@ -62,7 +62,7 @@ class TestLoading:
         result = fake_dists.run("""
             import gradpipe
             try:
-                gradpipe.parse({"transforms": [{"kind": "agc"}]})
+                gradpipe.parse({"transforms": [{"kind": "brokenclip"}]})
             except gradpipe.ConfigError as e:
                 print(e)
         """)
