@@ -131,8 +131,9 @@ class Pipeline(tf.Module):
     def _step(self, grads: list[Any]) -> tf.Tensor:
         self._context.shared.clear()
         scale = self.loss_scale
-        inv_scale = 1.0 / scale
-        grads = [None if g is None else _scale(g, inv_scale) for g in grads]
+        # Half-precision gradients are unscaled in float32: g/S can underflow in fp16.
+        grads = [None if g is None else _unscale(g, scale, dtype)
+                 for g, dtype in zip(grads, self._state.compute_dtypes)]
         finite = _all_finite(grads)
         if self.loss_scaler is not None:
             _, should_apply = self.loss_scaler.update(grads)
@@ -189,6 +190,8 @@ class Pipeline(tf.Module):
                     continue
                 ops.append(_subtract(var, update))
             with tf.control_dependencies(ops):
+                ops = ops + store.refresh_from_masters(updates)
+            with tf.control_dependencies(ops):
                 self._iterations.assign_add(1)
                 return tf.constant(True)
 
@@ -202,11 +205,12 @@ class Pipeline(tf.Module):
         return build_component(value, self._registry)
 
 
-def _scale(g: Any, factor: tf.Tensor) -> Any:
+def _unscale(g: Any, scale: tf.Tensor, dtype: tf.DType) -> Any:
+    """``g / scale`` in ``dtype`` (division, as Keras does: exact for any scale)."""
     if isinstance(g, tf.IndexedSlices):
-        return tf.IndexedSlices(g.values * tf.cast(factor, g.values.dtype), g.indices,
+        return tf.IndexedSlices(tf.cast(g.values, dtype) / tf.cast(scale, dtype), g.indices,
                                 g.dense_shape)
-    return g * tf.cast(factor, g.dtype)
+    return tf.cast(g, dtype) / tf.cast(scale, dtype)
 
 
 def _values(g: Any) -> tf.Tensor:

@@ -36,8 +36,10 @@ class StateStore(tf.Module):
         self._owner = _Untracked([owner])
         self._spec = spec
         self._vars = _Untracked([])
+        self._model_vars = _Untracked([])
         self.slots: dict[str, dict[str, tf.Variable]] = {}
         self.accumulators: dict[str, tf.Variable] = {}
+        self.masters: dict[str, tf.Variable] = {}
         self._layout = _Untracked([])
         self.masks: list[list[bool]] = []
         self.frozen: list[bool] = []
@@ -45,7 +47,16 @@ class StateStore(tf.Module):
 
     @property
     def variables(self) -> list[Any]:
+        """What transforms see and update: float32 masters stand in for half variables."""
         return self._vars.items
+
+    @property
+    def model_variables(self) -> list[Any]:
+        return self._model_vars.items
+
+    @property
+    def compute_dtypes(self) -> list[Any]:
+        return [v.dtype for v in self.variables]
 
     def build(self, variables: list[Any]) -> None:
         from .pipeline import variable_path
@@ -54,11 +65,24 @@ class StateStore(tf.Module):
             return
         owner = self._owner.items[0]
         paths = _unique([variable_path(v) for v in variables])
-        self._vars.items = list(variables)
+        self._model_vars.items = list(variables)
         self._index = {_key(v): i for i, v in enumerate(variables)}
         self.masks = [self._mask(t.extra, paths, t.path) for t in self._spec.transforms]
         self.frozen = self._frozen(paths)
         with owner.strategy.scope():
+            # OpenSeq2Seq MixedPrecisionOptimizerWrapper: half-precision variables get
+            # float32 master copies; the update runs on the master and is cast back.
+            compute = []
+            for path, var in zip(paths, variables):
+                if var.dtype in (tf.float16, tf.bfloat16):
+                    self.masters[path] = tf.Variable(
+                        tf.cast(var.read_value(), tf.float32), trainable=False,
+                        name=f"master_{path}")
+                    compute.append(self.masters[path])
+                else:
+                    compute.append(var)
+            self._vars.items = compute
+            variables = compute
             for i, (spec, transform) in enumerate(zip(self._spec.transforms,
                                                       owner._transforms)):
                 state = transform.init(variables)
@@ -145,6 +169,14 @@ class StateStore(tf.Module):
             slots = self.slots[key]
             for name, value in zip(names, tf.nest.flatten(state)):
                 ops.append(slots[name].assign(tf.cast(value, slots[name].dtype)))
+        return ops
+
+    def refresh_from_masters(self, updates: list[Any]) -> list[Any]:
+        """Copy updated float32 masters into their half-precision variables."""
+        ops = []
+        for var, compute, update in zip(self.model_variables, self.variables, updates):
+            if compute is not var and update is not None:
+                ops.append(var.assign(tf.saturate_cast(compute.read_value(), var.dtype)))
         return ops
 
     def accumulate(self, grads: list[Any]) -> None:
