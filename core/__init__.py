@@ -11,7 +11,7 @@ from .api import build, create, load, parse
 from .errors import ConfigError, GradpipeError, PlacementError, PluginError
 from .fields import FieldError, hyperparameter, schedule_field
 from .hookspecs import hookimpl, hookspec
-from .transform import Transform, hyper, map_grads, no_state, shared
+from .transform import Transform, hyper, map_grads, no_state, schedule, shared
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -37,6 +37,7 @@ __all__ = [
     "map_grads",
     "no_state",
     "parse",
+    "schedule",
     "schedule_field",
     "shared",
 ]

@@ -354,14 +354,18 @@ class _SpecBuilder:
                     raise Invalid(f"must be a number, '@name' or a schedule table, "
                                   f"got string {value!r}")
                 name = value[1:]
+                if not name:
+                    raise Invalid("'@' must be followed by the name of a schedule")
                 if self.schedule_ref(name, path) is None:
                     return _FAILED
                 return ScheduleRef(name)
             if isinstance(value, Mapping):
                 spec = self.component("schedule", value, path)
                 return _FAILED if spec is None else spec
-            if field.metadata.get(SCHEDULE):
-                raise Invalid(f"must be '@name' or a schedule table, got {_type_name(value)}")
+            if field.metadata.get(SCHEDULE) and isinstance(value, list):
+                items = [self.value(field, tp, item, f"{path}[{i}]")
+                         for i, item in enumerate(value)]
+                return _FAILED if _FAILED in items else tuple(items)
             return check_type(float, value)
         return check_type(tp, value)
 

@@ -56,8 +56,9 @@ class ComponentSpec:
         for field in attrs.fields(type(self.config)):
             if field.metadata.get(HYPER) or field.metadata.get(SCHEDULE):
                 value = getattr(self.config, field.name)
-                if isinstance(value, (ScheduleRef, ComponentSpec)):
-                    used.append(value)
+                for item in value if isinstance(value, tuple) else (value,):
+                    if isinstance(item, (ScheduleRef, ComponentSpec)):
+                        used.append(item)
         return used
 
 

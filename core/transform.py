@@ -126,6 +126,24 @@ def hyper(value: Any) -> Callable[[], Any]:
     return evaluate
 
 
+def schedule(value: Any) -> Callable[[Any], Any]:
+    """The schedule ``step -> value`` that a ``schedule_field`` (or hyperparameter) holds.
+
+    Schedule factories use it to build the schedules they wrap (``warmup``,
+    ``sequence``). A plain number becomes a constant schedule.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        constant = float(value)
+
+        def fixed(step: Any) -> Any:
+            import tensorflow as tf
+
+            return tf.fill(tf.shape(step), tf.constant(constant, tf.float32))
+
+        return fixed
+    return current_context().resolve_schedule(value)
+
+
 def is_scheduled(value: Any) -> bool:
     return not isinstance(value, (int, float)) or isinstance(value, bool)
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import attrs
+
 from gradpipe.fields import HYPER, SCHEDULE, field_types
 from gradpipe.registry import KIND_HOOKS, get_registry
 

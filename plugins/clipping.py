@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+
 from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, no_state, shared
 from gradpipe.fields import FieldError, positive
 

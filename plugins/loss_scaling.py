@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+
 from gradpipe import hookimpl
 from gradpipe.fields import FieldError, at_least, greater_than, non_negative
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import attrs
+
 from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads
 from gradpipe.fields import in_range, non_negative
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import attrs
+
 from gradpipe import hookimpl
 from gradpipe.fields import one_of
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+
 from gradpipe import hookimpl
 from gradpipe.fields import at_least, positive
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import gradpipe
 import pytest
 import tomllib
+
+import gradpipe
 from gradpipe import ConfigError
 
 

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+
 from conftest import ROOT
 
 CONTRIB = sorted(p for p in (ROOT / "contrib").iterdir() if (p / "pyproject.toml").exists())

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT
 from gradpipe import hookspecs
 from gradpipe.cli import _parser

@@ -6,9 +6,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_close
 
 import gradpipe
+from conftest import assert_close
 from gradpipe import ConfigError
 
 INF, NAN = np.inf, np.nan

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import gradpipe
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+
+import gradpipe
 from conftest import assert_close
 from gradpipe import GradpipeError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+
 import gradpipe
 from gradpipe.fields import positive
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import gradpipe
 import numpy as np
 import pytest
 import tensorflow as tf
+
+import gradpipe
 
 
 def test_registered_through_entry_point():
