@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -53,6 +54,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_check)
 
+    p = sub.add_parser("schedule", help="evaluate (and plot) the schedules of a file")
+    p.add_argument("file")
+    p.add_argument("--name", help="only this schedule (a [schedules] name or a key path)")
+    p.add_argument("--steps", type=int, required=True, help="evaluate steps 0..S-1")
+    p.add_argument("--csv", action="store_true", help="print step,value columns")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--plot", metavar="PNG", help="draw every schedule to this PNG file")
+    p.add_argument("--log", action="store_true", help="logarithmic value axis in the plot")
+    p.set_defaults(func=cmd_schedule)
+
     p = sub.add_parser("run", help="run a pipeline on a built-in problem")
     p.add_argument("file")
     p.add_argument("--problem", help="problem name (default: the file's [problem])")
@@ -62,6 +73,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
     return parser
+
+
+def import_tensorflow_quietly() -> None:
+    """Import TensorFlow and initialise its devices with stderr muted.
+
+    TF's C++ start-up lines (oneDNN, CUDA probing) ignore TF_CPP_MIN_LOG_LEVEL
+    and drown the CLI's own output. Set GRADPIPE_TF_LOGS=1 to see them.
+    """
+    if "tensorflow" in sys.modules or os.environ.get("GRADPIPE_TF_LOGS") == "1":
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    fd = sys.stderr.fileno()
+    saved, devnull = os.dup(fd), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    try:
+        import tensorflow as tf
+
+        tf.config.list_logical_devices()
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -99,11 +133,41 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from .api import parse
+    from .schedule_eval import evaluate, plot
+
+    if args.steps < 1:
+        raise GradpipeError(f"--steps must be at least 1, got {args.steps}")
+    spec = parse(args.file)
+    import_tensorflow_quietly()
+    series = evaluate(spec, args.steps, args.name)
+    if args.plot:
+        plot(series, args.plot, title=f"schedules of {args.file}", log=args.log)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    labels = list(series)
+    if args.json:
+        print(json.dumps({"steps": list(range(args.steps)), "schedules": series}))
+    elif args.csv:
+        print(",".join(["step", *labels]))
+        for i in range(args.steps):
+            print(",".join([str(i), *(repr(series[k][i]) for k in labels)]))
+    elif not args.plot:
+        picks = sorted({round(i * (args.steps - 1) / 10) for i in range(11)})
+        width = max(12, *(len(k) for k in labels))
+        print("step".rjust(8) + "".join(k.rjust(width + 2) for k in labels))
+        for i in picks:
+            print(str(i).rjust(8) + "".join(f"{series[k][i]:.6g}".rjust(width + 2)
+                                            for k in labels))
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .api import parse
     from .runner import run_problem
 
     spec = parse(args.file)
+    import_tensorflow_quietly()
     summary = run_problem(spec, problem=args.problem, steps=args.steps, seed=args.seed,
                           progress=not (args.quiet or args.json))
     if args.json:

@@ -257,8 +257,9 @@ class _SpecBuilder:
         if name in self.resolved:
             return self.resolved[name]
         if name in self.resolving:
-            cycle = " -> ".join([*self.resolving[self.resolving.index(name):], name])
-            self.out.add(path, f"schedule references form a cycle: @{cycle}")
+            cycle = " -> ".join(f"@{n}" for n in
+                                [*self.resolving[self.resolving.index(name):], name])
+            self.out.add(path, f"schedule references form a cycle: {cycle}")
             return None
         if name not in self.raw_schedules:
             self.out.add(path, f"refers to schedule '@{name}', which is not defined in "

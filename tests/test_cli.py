@@ -94,3 +94,19 @@ def test_run_without_problem_is_clear(write_toml):
     result = gradpipe_cli("run", str(path))
     assert result.returncode == 1
     assert "no problem to run" in result.stderr
+
+
+def test_schedule_csv_json_and_plot(tmp_path):
+    example = str(ROOT / "examples" / "openseq2seq.toml")
+    csv = gradpipe_cli("schedule", example, "--steps", "3", "--csv")
+    assert csv.returncode == 0, csv.stderr
+    assert csv.stdout.splitlines()[0] == "step,lr"
+    assert csv.stdout.splitlines()[2].startswith("1,0.00100000")  # warm-up: .05 * 1/50
+    data = json.loads(gradpipe_cli("schedule", example, "--steps", "60", "--json").stdout)
+    assert data["steps"][-1] == 59 and len(data["schedules"]["lr"]) == 60
+    png = tmp_path / "s.png"
+    plot = gradpipe_cli("schedule", example, "--steps", "100", "--plot", str(png))
+    assert plot.returncode == 0, plot.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    missing = gradpipe_cli("schedule", example, "--steps", "5", "--name", "lrr")
+    assert missing.returncode == 1 and "did you mean 'lr'" in missing.stderr
