@@ -150,6 +150,7 @@ def parse_mapping(
     schedules = builder.all_schedules()
     transforms = builder.component_list("transform", "transforms", data, required=True)
     convergence = builder.component_list("convergence", "convergence", data)
+    _check_chain(transforms, out)
     spec = None
     if not out.problems:
         spec = PipelineSpec(
@@ -163,6 +164,28 @@ def parse_mapping(
         raise ConfigError(out.problems)
     assert spec is not None
     return spec
+
+
+def _check_chain(transforms: list[ComponentSpec], out: _Collector) -> None:
+    """Rules between transforms, declared by their config classes.
+
+    ``conflicts = {name: reason}``: the transform cannot share a pipeline with
+    ``name``. ``after_update_rule = True``: it must follow a transform whose
+    config says ``update_rule = True``.
+    """
+    names = {t.name: t for t in transforms}
+    seen_update_rule = False
+    for t in transforms:
+        cls = type(t.config)
+        for other, reason in getattr(cls, "conflicts", {}).items():
+            if other in names:
+                out.add(f"{t.path}.kind", f"{t.name!r} cannot be combined with {other!r} "
+                        f"at {names[other].path}: {reason}")
+        if getattr(cls, "after_update_rule", False) and not seen_update_rule:
+            out.add(f"{t.path}.kind", f"{t.name!r} must come after an update rule such as "
+                    "'sgd' or 'adam' (decoupled decay); for decay added to the gradient "
+                    "use 'l2'")
+        seen_update_rule = seen_update_rule or getattr(cls, "update_rule", False)
 
 
 def _check_requirements(require: tuple[str, ...], out: _Collector) -> None:

@@ -93,6 +93,17 @@ class Pipeline(tf.Module):
     def variables_built(self) -> bool:
         return self._state.built
 
+    def transform_state(self, which: int | str) -> dict[str, tf.Variable]:
+        """The state variables of one transform, by index or kind, keyed by name.
+
+        ``pipe.transform_state("clippy_adagrad")["clipping_factor/dense_kernel"]``
+        """
+        for i, spec in enumerate(self._spec.transforms):
+            if which in (i, spec.name):
+                return dict(self._state.slots.get(f"{i}_{spec.name}", {}))
+        raise GradpipeError(f"no transform {which!r} in this pipeline; it has: "
+                            f"{', '.join(t.name for t in self._spec.transforms)}")
+
     def to_toml(self) -> str:
         """The resolved pipeline, defaults filled in; it loads back identically."""
         return self._spec.to_toml()
@@ -231,6 +242,11 @@ def _subtract(var: tf.Variable, update: Any) -> Any:
 
 
 def variable_path(var: Any) -> str:
-    """A stable, checkpoint-safe name for a variable (its path, else its name)."""
+    """The path patterns match: Keras ``path`` (``dense/kernel``), else the TF name."""
     name = getattr(var, "path", None) or var.name
-    return re.sub(r"[^A-Za-z0-9_.\-]", "_", re.sub(r":\d+$", "", name))
+    return re.sub(r":\d+$", "", name)
+
+
+def slot_name(path: str) -> str:
+    """A checkpoint-safe key for a variable path."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", path)

@@ -59,25 +59,32 @@ class StateStore(tf.Module):
         return [v.dtype for v in self.variables]
 
     def build(self, variables: list[Any]) -> None:
-        from .pipeline import variable_path
+        from .pipeline import slot_name, variable_path
 
         if self.built:
             return
         owner = self._owner.items[0]
-        paths = _unique([variable_path(v) for v in variables])
+        raw_paths = [variable_path(v) for v in variables]
+        paths = _unique([slot_name(p) for p in raw_paths])
         self._model_vars.items = list(variables)
         self._index = {_key(v): i for i, v in enumerate(variables)}
-        self.masks = [self._mask(t.extra, paths, t.path) for t in self._spec.transforms]
-        self.frozen = self._frozen(paths)
+        self.masks = [self._mask(t.extra, raw_paths, t.path) for t in self._spec.transforms]
+        self.frozen = self._frozen(raw_paths)
+        # A variable that no update rule selects is not updated at all (rather than
+        # having the raw gradient subtracted).
+        rules = [m for m, t in zip(self.masks, self._spec.transforms)
+                 if getattr(type(t.config), "update_rule", False)]
+        if rules:
+            self.frozen = [f or not any(m[j] for m in rules) for j, f in enumerate(self.frozen)]
         with owner.strategy.scope():
             # OpenSeq2Seq MixedPrecisionOptimizerWrapper: half-precision variables get
             # float32 master copies; the update runs on the master and is cast back.
             compute = []
-            for path, var in zip(paths, variables):
+            for path, raw, var in zip(paths, raw_paths, variables):
                 if var.dtype in (tf.float16, tf.bfloat16):
+                    # Named like the model variable, so patterns match it the same way.
                     self.masters[path] = tf.Variable(
-                        tf.cast(var.read_value(), tf.float32), trainable=False,
-                        name=f"master_{path}")
+                        tf.cast(var.read_value(), tf.float32), trainable=False, name=raw)
                     compute.append(self.masters[path])
                 else:
                     compute.append(var)

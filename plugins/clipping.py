@@ -14,24 +14,17 @@ import attrs
 
 from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, no_state, shared
 from gradpipe.fields import FieldError, positive
+from gradpipe.plugins._tensor import dedupe, is_sparse
+from gradpipe.plugins._tensor import map_values as _map_values
 
 
 def _values(g: Any) -> Any:
-    import tensorflow as tf
-
-    return g.values if isinstance(g, tf.IndexedSlices) else g
-
-
-def _map_values(g: Any, fn: Any) -> Any:
-    import tensorflow as tf
-
-    if isinstance(g, tf.IndexedSlices):
-        return tf.IndexedSlices(fn(g.values), g.indices, g.dense_shape)
-    return fn(g)
+    """Dense tensor, or the values of IndexedSlices with duplicate rows summed."""
+    return dedupe(g).values if is_sparse(g) else g
 
 
 def global_norm(grads: list[Any]) -> Any:
-    """sqrt(sum of squares) of all non-None gradients, in float32."""
+    """sqrt(sum of squares) of all non-None gradients, in float32 (as if dense)."""
     import tensorflow as tf
 
     squares = [tf.reduce_sum(tf.square(tf.cast(_values(g), tf.float32)))
@@ -76,8 +69,12 @@ def clip_by_norm(cfg: ClipNormConfig) -> Transform:
         import tensorflow as tf
 
         c = clip()
-        return map_grads(lambda g: tf.clip_by_norm(g, tf.cast(c, _values(g).dtype)),
-                         grads), state
+
+        def clip_one(g: Any) -> Any:
+            g = dedupe(g) if is_sparse(g) else g
+            return tf.clip_by_norm(g, tf.cast(c, _values(g).dtype))
+
+        return map_grads(clip_one, grads), state
 
     return Transform(no_state, update)
 
@@ -109,8 +106,10 @@ def clip_by_value(cfg: ClipValueConfig) -> Transform:
         import tensorflow as tf
 
         low, high = lo(), hi()
+        # Clip what the dense gradient holds: duplicate sparse rows are summed first.
         return map_grads(lambda g: _map_values(
-            g, lambda x: tf.clip_by_value(x, tf.cast(low, x.dtype), tf.cast(high, x.dtype))
+            dedupe(g) if is_sparse(g) else g,
+            lambda x: tf.clip_by_value(x, tf.cast(low, x.dtype), tf.cast(high, x.dtype))
         ), grads), state
 
     return Transform(no_state, update)

@@ -1,4 +1,4 @@
-"""Update rules with Keras 3 semantics: ``sgd`` and ``adam``.
+"""Update rules with Keras 3 semantics: ``sgd``, ``adam`` and ``adamw``.
 
 Each rule is the last transform of a chain: its output is the step that is
 subtracted from the variable. The formulas follow ``keras.optimizers.SGD`` and
@@ -8,31 +8,15 @@ subtracted from the variable. The formulas follow ``keras.optimizers.SGD`` and
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import attrs
 
 from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads
 from gradpipe.fields import in_range, non_negative
-
-
-def _dense(g: Any) -> Any:
-    import tensorflow as tf
-
-    return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-
-
-def _slot_dtype(var: Any) -> Any:
-    import tensorflow as tf
-
-    return tf.float32 if var.dtype in (tf.float16, tf.bfloat16) else var.dtype
-
-
-def _zeros(variables: list[Any]) -> list[Any]:
-    import tensorflow as tf
-
-    return [tf.zeros(v.shape, _slot_dtype(v)) for v in variables]
-
+from gradpipe.plugins._tensor import dense as _dense
+from gradpipe.plugins._tensor import value_of
+from gradpipe.plugins._tensor import zeros_like_vars as _zeros
 
 # -- SGD ---------------------------------------------------------------------
 
@@ -46,6 +30,8 @@ class SGDConfig:
         momentum: heavy-ball momentum in [0, 1]; 0 disables the momentum slot.
         nesterov: use Nesterov momentum.
     """
+
+    update_rule: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.01, validator=non_negative())
     momentum: Any = hyperparameter(default=0.0, validator=in_range(0.0, 1.0))
@@ -108,6 +94,8 @@ class AdamConfig:
         amsgrad: use the running maximum of the second moment.
     """
 
+    update_rule: ClassVar[bool] = True
+
     learning_rate: Any = hyperparameter(default=0.001, validator=non_negative())
     beta_1: Any = hyperparameter(default=0.9, validator=in_range(0.0, 1.0, high_open=True))
     beta_2: Any = hyperparameter(default=0.999,
@@ -125,7 +113,38 @@ class AdamState(NamedTuple):
 
 def adam(cfg: AdamConfig) -> Transform:
     """Keras ``Adam``, bias correction folded into the step size as Keras does."""
+    return _adam(cfg, weight_decay=None)
+
+
+@attrs.frozen(kw_only=True)
+class AdamWConfig(AdamConfig):
+    """Config of ``adamw``: ``adam`` plus decoupled weight decay (Keras ``AdamW``).
+
+    Attributes:
+        weight_decay: decay rate; ``var -= var * weight_decay * learning_rate``.
+        exclude_from_weight_decay: regexes of variable paths that are not decayed.
+    """
+
+    weight_decay: Any = hyperparameter(default=0.004, validator=non_negative())
+    exclude_from_weight_decay: tuple[str, ...] = ()
+
+
+def adamw(cfg: AdamWConfig) -> Transform:
+    """Keras ``AdamW``: Adam, then ``+ var * weight_decay * lr`` on non-excluded variables."""
+    return _adam(cfg, weight_decay=hyper(cfg.weight_decay))
+
+
+def _adam(cfg: Any, weight_decay: Any) -> Transform:
+    import re
+
+    from gradpipe.pipeline import variable_path
+
     lr, beta_1, beta_2 = hyper(cfg.learning_rate), hyper(cfg.beta_1), hyper(cfg.beta_2)
+    exclude = getattr(cfg, "exclude_from_weight_decay", ())
+
+    def decays(var: Any) -> bool:
+        return weight_decay is not None and not any(
+            re.search(p, variable_path(var)) for p in exclude)
 
     def init(variables: list[Any]) -> AdamState:
         import tensorflow as tf
@@ -158,8 +177,12 @@ def adam(cfg: AdamConfig) -> Transform:
             if cfg.amsgrad:
                 maxes[i] = tf.maximum(maxes[i], v)
                 denom_v = maxes[i]
-            updates.append(m * tf.cast(alpha32, dtype)
-                           / (tf.sqrt(denom_v) + tf.cast(cfg.epsilon, dtype)))
+            step_update = m * tf.cast(alpha32, dtype) / (tf.sqrt(denom_v)
+                                                          + tf.cast(cfg.epsilon, dtype))
+            var = variables[i]
+            if decays(var):  # Keras: var -= var * wd * lr before the Adam step
+                step_update += value_of(var, dtype) * tf.cast(weight_decay() * lr(), dtype)
+            updates.append(step_update)
         return updates, AdamState(count, mus, nus, maxes)
 
     return Transform(init, update)
@@ -169,3 +192,4 @@ def adam(cfg: AdamConfig) -> Transform:
 def gradpipe_register_transforms(register: Any) -> None:
     register("sgd", sgd, SGDConfig)
     register("adam", adam, AdamConfig)
+    register("adamw", adamw, AdamWConfig)

@@ -23,7 +23,7 @@ def test_plugins_json_lists_builtins_with_provenance():
     assert result.returncode == 0, result.stderr
     records = {r["entry_point"]: r for r in json.loads(result.stdout)}
     assert records["optimizers"]["distribution"] == "gradpipe"
-    assert records["optimizers"]["components"]["transform"] == ["sgd", "adam"]
+    assert records["optimizers"]["components"]["transform"] == ["sgd", "adam", "adamw"]
     assert records["optimizers"]["status"] == "loaded"
     assert records["optimizers"]["hooks"] == ["gradpipe_register_transforms"]
 

@@ -1,0 +1,90 @@
+"""Regularization: coupled ``l2`` and decoupled ``weight_decay``.
+
+``l2`` adds ``l2 * w`` to the gradient, as an L2 term in the loss would
+(OpenSeq2Seq regularizers), so the update rule sees it. ``weight_decay`` is
+decoupled, in the Keras/AdamW order: placed *after* the update rule it adds
+``weight_decay * learning_rate * w`` to the update, which equals Keras's
+``var -= var * wd * lr`` before ``update_step``. Limit either to some
+variables with ``variables``/``exclude`` (Keras ``exclude_from_weight_decay``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+from gradpipe import Transform, hookimpl, hyper, hyperparameter, no_state
+from gradpipe.fields import non_negative
+from gradpipe.plugins._tensor import dense, value_of
+
+
+@attrs.frozen(kw_only=True)
+class L2Config:
+    """Config of ``l2``.
+
+    Attributes:
+        l2: strength; the gradient becomes ``g + l2 * w``.
+    """
+
+    l2: Any = hyperparameter(validator=non_negative())
+
+
+def l2(cfg: L2Config) -> Transform:
+    """Coupled L2: ``g + l2 * w`` (sparse gradients are densified, as a loss term would be)."""
+    strength = hyper(cfg.l2)
+
+    def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
+        import tensorflow as tf
+
+        out = []
+        for g, var in zip(grads, variables):
+            if g is None:
+                out.append(None)
+                continue
+            g = dense(g)
+            out.append(g + tf.cast(strength(), g.dtype) * value_of(var, g.dtype))
+        return out, state
+
+    return Transform(no_state, update)
+
+
+@attrs.frozen(kw_only=True)
+class WeightDecayConfig:
+    """Config of ``weight_decay``.
+
+    Attributes:
+        weight_decay: decay rate.
+        learning_rate: multiplies the decay (Keras/AdamW: the update rule's
+            learning rate, e.g. ``"@lr"``); 1.0 decays by ``weight_decay`` alone.
+    """
+
+    after_update_rule: ClassVar[bool] = True
+
+    weight_decay: Any = hyperparameter(validator=non_negative())
+    learning_rate: Any = hyperparameter(default=1.0, validator=non_negative())
+
+
+def weight_decay(cfg: WeightDecayConfig) -> Transform:
+    """Decoupled decay: ``update + weight_decay * learning_rate * w``."""
+    rate, lr = hyper(cfg.weight_decay), hyper(cfg.learning_rate)
+
+    def update(updates: list[Any], state: Any, variables: list[Any]) -> Any:
+        import tensorflow as tf
+
+        out = []
+        for u, var in zip(updates, variables):
+            if u is None:
+                out.append(None)
+                continue
+            u = dense(u)
+            out.append(u + tf.cast(rate() * lr(), u.dtype) * value_of(var, u.dtype))
+        return out, state
+
+    return Transform(no_state, update)
+
+
+@hookimpl
+def gradpipe_register_transforms(register: Any) -> None:
+    register("l2", l2, L2Config)
+    register("weight_decay", weight_decay, WeightDecayConfig)

@@ -1,0 +1,273 @@
+"""Update rules and transforms against Keras 3, and their closed forms."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import gradpipe
+from conftest import assert_close
+from gradpipe import ConfigError
+
+STEPS = 12
+RNG = np.random.default_rng(3)
+SHAPES = [(4, 3), (3,)]
+INIT = [RNG.normal(size=s).astype("f4") for s in SHAPES]
+DENSE = [[RNG.normal(size=s).astype("f4") for s in SHAPES] for _ in range(STEPS)]
+# Sparse rows for the (4, 3) table. Keras 3 mishandles duplicate indices (Adagrad
+# raises InvalidArgumentError eagerly and differs in tf.function), so parity uses
+# unique rows; duplicates are tested against the dense gradient instead.
+SPARSE = [(RNG.normal(size=(2, 3)).astype("f4"), np.array([3, 1])) for _ in range(STEPS)]
+DUPLICATES = [(RNG.normal(size=(3, 3)).astype("f4"), np.array([1, 3, 1]))
+              for _ in range(STEPS)]
+
+
+def keras_run(optimizer, sparse=False):
+    variables = [tf.Variable(x, name=n) for x, n in zip(INIT, ["kernel", "bias"])]
+    optimizer.build(variables)
+    for step in range(STEPS):
+        optimizer.apply_gradients(zip(grads_for(step, sparse), variables))
+    return [v.numpy() for v in variables]
+
+
+def pipe_run(transforms, sparse=False, **extra):
+    variables = [tf.Variable(x, name=n) for x, n in zip(INIT, ["kernel", "bias"])]
+    pipe = gradpipe.build({"transforms": transforms, **extra})
+    step_fn = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+    for step in range(STEPS):
+        step_fn(grads_for(step, sparse))
+    return [v.numpy() for v in variables], pipe
+
+
+def grads_for(step, sparse):
+    if not sparse:
+        return [tf.constant(g) for g in DENSE[step]]
+    values, indices = (DUPLICATES if sparse == "duplicates" else SPARSE)[step]
+    return [tf.IndexedSlices(tf.constant(values), tf.constant(indices), tf.constant([4, 3])),
+            tf.constant(DENSE[step][1])]
+
+
+CASES = {
+    "sgd_momentum": (lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+                     [{"kind": "sgd", "learning_rate": 0.05, "momentum": 0.9}]),
+    "adam_amsgrad": (lambda: keras.optimizers.Adam(0.01, amsgrad=True),
+                     [{"kind": "adam", "learning_rate": 0.01, "amsgrad": True}]),
+    "adamw": (lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
+              [{"kind": "adamw", "learning_rate": 0.01, "weight_decay": 0.1}]),
+    "adagrad": (lambda: keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.2),
+                [{"kind": "adagrad", "learning_rate": 0.1, "initial_accumulator_value": 0.2}]),
+    "rmsprop": (lambda: keras.optimizers.RMSprop(0.01, rho=0.8),
+                [{"kind": "rmsprop", "learning_rate": 0.01, "rho": 0.8}]),
+    "rmsprop_centered_momentum": (
+        lambda: keras.optimizers.RMSprop(0.01, momentum=0.5, centered=True),
+        [{"kind": "rmsprop", "learning_rate": 0.01, "momentum": 0.5, "centered": True}]),
+    "ftrl": (lambda: keras.optimizers.Ftrl(0.1, l1_regularization_strength=0.01,
+                                           l2_regularization_strength=0.02,
+                                           l2_shrinkage_regularization_strength=0.03,
+                                           beta=0.1),
+             [{"kind": "ftrl", "learning_rate": 0.1, "l1_regularization_strength": 0.01,
+               "l2_regularization_strength": 0.02,
+               "l2_shrinkage_regularization_strength": 0.03, "beta": 0.1}]),
+    "lamb": (lambda: keras.optimizers.Lamb(0.01),
+             [{"kind": "lamb", "learning_rate": 0.01}]),
+}
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_keras_parity_twelve_steps(case, sparse):
+    """Twelve steps equal the Keras optimizer (rtol 2e-5, atol 2e-6), dense and sparse."""
+    make_keras, transforms = CASES[case]
+    expected = keras_run(make_keras(), sparse)
+    actual, pipe = pipe_run(transforms, sparse)
+    assert int(pipe.iterations) == STEPS
+    assert_close(actual, expected, rtol=2e-5, atol=2e-6)
+
+
+RULES = [t for _, t in CASES.values()] + [
+    [{"kind": "clippy_adagrad", "learning_rate": 0.1}],
+    [{"kind": "lars", "learning_rate": 0.1}],
+    [{"kind": "clip_by_global_norm", "clip_norm": 1.0}, {"kind": "sgd", "learning_rate": 0.1}],
+    [{"kind": "clip_by_value", "clip_value_min": -0.3, "clip_value_max": 0.3},
+     {"kind": "sgd", "learning_rate": 0.1}],
+    [{"kind": "larc", "eta": 0.01, "learning_rate": 0.1}, {"kind": "sgd", "learning_rate": 0.1}],
+]
+
+
+@pytest.mark.parametrize("transforms", RULES, ids=lambda t: "+".join(x["kind"] for x in t))
+def test_duplicate_sparse_indices_equal_dense_gradient(transforms):
+    """IndexedSlices with repeated rows update exactly like their dense sum (atol 1e-6)."""
+    sparse, _ = pipe_run(transforms, sparse="duplicates")
+    densified = [[tf.convert_to_tensor(g) for g in grads_for(s, "duplicates")]
+                 for s in range(STEPS)]
+    variables = [tf.Variable(x) for x in INIT]
+    pipe = gradpipe.build({"transforms": transforms})
+    for grads in densified:
+        pipe.apply_gradients(zip(grads, variables))
+    assert_close(sparse, [v.numpy() for v in variables], rtol=1e-5, atol=1e-6)
+
+
+def test_sparse_rows_untouched_by_adagrad():
+    """Sparse adagrad changes only the touched rows of the table and its accumulator."""
+    actual, pipe = pipe_run([{"kind": "adagrad", "learning_rate": 0.1}], sparse=True)
+    np.testing.assert_array_equal(actual[0][[0, 2]], INIT[0][[0, 2]])
+    acc = pipe.transform_state("adagrad")["accumulator/kernel"].numpy()
+    np.testing.assert_array_equal(acc[[0, 2]], np.float32(0.1))
+
+
+def test_weight_decay_exclusion_matches_keras():
+    """adam + weight_decay(exclude) equals Keras AdamW with exclude_from_weight_decay."""
+    opt = keras.optimizers.AdamW(0.01, weight_decay=0.2)
+    opt.exclude_from_weight_decay(var_names=["bias"])
+    expected = keras_run(opt)
+    actual, _ = pipe_run([
+        {"kind": "adam", "learning_rate": "@lr"},
+        {"kind": "weight_decay", "weight_decay": 0.2, "learning_rate": "@lr",
+         "exclude": ["bias"]}], schedules={"lr": {"kind": "constant", "value": 0.01}})
+    assert_close(actual, expected, rtol=2e-5, atol=2e-6)
+    # the same through adamw's own option
+    actual, _ = pipe_run([{"kind": "adamw", "learning_rate": 0.01, "weight_decay": 0.2,
+                           "exclude_from_weight_decay": ["bias"]}])
+    assert_close(actual, expected, rtol=2e-5, atol=2e-6)
+
+
+def test_l2_is_coupled():
+    """l2 adds l2 * w to the gradient before the update rule (closed form, one SGD step)."""
+    var = tf.Variable([2.0, -1.0])
+    pipe = gradpipe.build({"transforms": [{"kind": "l2", "l2": 0.5},
+                                          {"kind": "sgd", "learning_rate": 0.1}]})
+    pipe.apply_gradients([(tf.constant([1.0, 1.0]), var)])
+    assert_close(var.numpy(), [2 - 0.1 * (1 + 1.0), -1 - 0.1 * (1 - 0.5)], rtol=0, atol=1e-7)
+
+
+class TestLarc:
+    """seed-semantics §2d LARC cases: v=[3,4], g=[.6,.8], lr=.1."""
+
+    def factor(self, **params):
+        var = tf.Variable([3.0, 4.0])
+        pipe = gradpipe.build({"transforms": [{"kind": "larc", **params},
+                                              {"kind": "sgd", "learning_rate": 1.0}]})
+        pipe.apply_gradients([(tf.constant([0.6, 0.8]), var)])
+        return float(np.linalg.norm(np.array([3.0, 4.0]) - var.numpy()))
+
+    def test_clip_mode(self):
+        assert self.factor(eta=0.002, learning_rate=0.1) == pytest.approx(0.1, rel=1e-5)
+
+    def test_scale_mode(self):
+        assert self.factor(eta=0.002, mode="scale") == pytest.approx(0.01, rel=1e-5)
+
+    def test_clip_caps_at_one(self):
+        assert self.factor(eta=1.0, learning_rate=0.1) == pytest.approx(1.0, rel=1e-6)
+
+    def test_not_with_global_norm_clipping(self):
+        with pytest.raises(ConfigError, match="LARC and gradient norm clipping") as info:
+            gradpipe.parse({"transforms": [
+                {"kind": "clip_by_global_norm", "clip_norm": 1.0},
+                {"kind": "larc", "eta": 0.002, "learning_rate": 0.1},
+                {"kind": "sgd"}]})
+        assert info.value.path == "transforms[1].kind"
+
+    def test_clip_mode_needs_learning_rate(self):
+        with pytest.raises(ConfigError, match="required in mode 'clip'"):
+            gradpipe.parse({"transforms": [{"kind": "larc", "eta": 0.002}, {"kind": "sgd"}]})
+
+
+def test_lars_closed_form():
+    """One LARS step: lr * tc * ||w|| / ||g + wd w|| * (g + wd w)."""
+    var = tf.Variable([3.0, 4.0])
+    pipe = gradpipe.build({"transforms": [{"kind": "lars", "learning_rate": 1.0,
+                                           "weight_decay": 0.1, "trust_coefficient": 0.5}]})
+    pipe.apply_gradients([(tf.constant([0.0, 0.6]), var)])
+    g = np.array([0.3, 1.0])  # g + 0.1 * w
+    expected = np.array([3.0, 4.0]) - 0.5 * 5.0 / np.linalg.norm(g) * g
+    assert_close(var.numpy(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_weight_decay_must_follow_update_rule():
+    with pytest.raises(ConfigError, match="must come after an update rule"):
+        gradpipe.parse({"transforms": [{"kind": "weight_decay", "weight_decay": 0.1},
+                                       {"kind": "sgd"}]})
+
+
+def test_scheduled_weight_decay_under_xla():
+    """weight_decay follows its schedule inside a jit-compiled step, with one trace."""
+    var = tf.Variable([1.0])
+    pipe = gradpipe.build({"transforms": [
+        {"kind": "sgd", "learning_rate": 0.0},
+        {"kind": "weight_decay", "weight_decay": {"kind": "piecewise_constant",
+                                                  "learning_rate": 0.1, "boundaries": [1],
+                                                  "decay_rates": [0.0]}}]})
+    pipe.build([var])
+    step = tf.function(lambda: pipe.apply_gradients([(tf.constant([0.0]), var)]),
+                       jit_compile=True)
+    values = []
+    for _ in range(3):
+        step()
+        values.append(float(var.numpy()[0]))
+    assert values == pytest.approx([0.9, 0.81, 0.81], rel=1e-6)
+    assert step.experimental_get_tracing_count() == 1
+
+
+def test_variables_and_freeze_patterns():
+    """`variables` limits a transform; `freeze` leaves variables untouched."""
+    actual, _ = pipe_run([{"kind": "sgd", "learning_rate": 0.1, "variables": ["kernel"]}])
+    np.testing.assert_array_equal(actual[1], INIT[1])  # bias not selected: no update
+    actual, _ = pipe_run([{"kind": "sgd", "learning_rate": 0.1}],
+                         pipeline={"freeze": ["kernel"]})
+    np.testing.assert_array_equal(actual[0], INIT[0])
+    assert not np.array_equal(actual[1], INIT[1])
+
+
+@pytest.mark.parametrize("where, extra", [
+    ("transforms[0].variables[0]", {"transforms": [{"kind": "sgd", "variables": ["nope"]}]}),
+    ("pipeline.freeze[0]", {"pipeline": {"freeze": ["nope"]}, "transforms": [{"kind": "sgd"}]}),
+])
+def test_pattern_matching_nothing_is_an_error(where, extra):
+    var = tf.Variable([1.0], name="kernel")
+    pipe = gradpipe.build(extra)
+    with pytest.raises(ConfigError, match="pattern 'nope' matches no variable") as info:
+        pipe.build([var])
+    assert info.value.path == where
+
+
+def test_accumulation_equals_one_large_batch():
+    """4 micro-batches with accumulation_steps=4 equal one step on the whole batch."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(32, 3)).astype("f4")
+    y = rng.normal(size=(32, 1)).astype("f4")
+
+    def train(batches, k):
+        w = tf.Variable(np.ones((3, 1), "f4"))
+        pipe = gradpipe.build({"pipeline": {"accumulation_steps": k},
+                               "transforms": [{"kind": "adam", "learning_rate": 0.1}]})
+        for _ in range(3):
+            for xb, yb in zip(np.split(x, batches), np.split(y, batches)):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(xb @ w - yb))
+                pipe.apply_gradients([(tape.gradient(loss, w), w)])
+        return w.numpy(), int(pipe.iterations)
+
+    big, n_big = train(1, 1)
+    small, n_small = train(4, 4)
+    assert n_big == n_small == 3
+    assert_close(small, big, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("table, key", [
+    ({"kind": "adagrad", "initial_accumulator_value": -1.0}, "initial_accumulator_value"),
+    ({"kind": "rmsprop", "rho": 1.5}, "rho"),
+    ({"kind": "ftrl", "learning_rate_power": 0.5}, "learning_rate_power"),
+    ({"kind": "lamb", "beta_2": 1.0}, "beta_2"),
+    ({"kind": "lars", "trust_coefficient": 0.0}, "trust_coefficient"),
+    ({"kind": "larc", "eta": -1.0, "learning_rate": 1.0}, "eta"),
+    ({"kind": "larc", "eta": 1.0, "mode": "clipp", "learning_rate": 1.0}, "mode"),
+    ({"kind": "adamw", "weight_decay": -0.1}, "weight_decay"),
+    ({"kind": "sgd", "momentum": 1.5}, "momentum"),
+    ({"kind": "l2", "l2": -1.0}, "l2"),
+])
+def test_invalid_values_name_the_key(table, key):
+    with pytest.raises(ConfigError) as info:
+        gradpipe.parse({"transforms": [table, {"kind": "sgd"}]})
+    assert info.value.path == f"transforms[0].{key}"
