@@ -11,7 +11,7 @@ from .api import build, create, load, parse
 from .errors import ConfigError, GradpipeError, PlacementError, PluginError
 from .fields import FieldError, hyperparameter, schedule_field
 from .hookspecs import hookimpl, hookspec
-from .transform import Transform, hyper, map_grads, no_state, schedule, shared
+from .transform import Transform, hyper, map_grads, no_state, one_minus, schedule, shared
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -36,6 +36,7 @@ __all__ = [
     "load",
     "map_grads",
     "no_state",
+    "one_minus",
     "parse",
     "schedule",
     "schedule_field",

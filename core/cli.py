@@ -70,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="number of calls (default 500)")
     p.add_argument("--seed", type=int, default=0, help="TensorFlow random seed")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--plot", metavar="PNG", help="draw loss, learning rate and loss scale")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
     return parser
@@ -169,7 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = parse(args.file)
     import_tensorflow_quietly()
     summary = run_problem(spec, problem=args.problem, steps=args.steps, seed=args.seed,
-                          progress=not (args.quiet or args.json))
+                          progress=not (args.quiet or args.json), plot=args.plot)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

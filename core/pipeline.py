@@ -60,6 +60,8 @@ class Pipeline(tf.Module):
                 self.schedules = {name: self._resolve_schedule(ScheduleRef(name))
                                   for name in spec.schedules}
                 self._transforms = [build_component(t, registry) for t in spec.transforms]
+                self.criteria = [build_component(c, registry) for c in spec.convergence]
+                self._learning_rate = _first_learning_rate(spec)
         self._state = StateStore(self, spec)
 
     # -- public API --------------------------------------------------------
@@ -90,8 +92,30 @@ class Pipeline(tf.Module):
         return tf.convert_to_tensor(self.loss_scaler())
 
     @property
+    def learning_rate(self) -> tf.Tensor:
+        """The current learning rate of the first update rule (``nan`` if none has one)."""
+        if self._learning_rate is None:
+            return tf.constant(float("nan"), tf.float32)
+        return self._learning_rate()
+
+    @property
     def variables_built(self) -> bool:
         return self._state.built
+
+    def minimize(self, loss_fn: Any, var_list: Sequence[Any], max_steps: int,
+                 trace_fn: Any = None, *, return_full_length_trace: bool = True,
+                 batch_convergence_reduce_fn: Any = None, jit_compile: bool = False) -> Any:
+        """Run up to ``max_steps`` updates in one ``tf.function`` loop (``tfp.math.minimize``).
+
+        Stops when any ``[[convergence]]`` criterion converges. Returns a
+        :class:`gradpipe.convergence.MinimizeResult`.
+        """
+        from .convergence import minimize
+
+        return minimize(self, loss_fn, var_list, max_steps, trace_fn=trace_fn,
+                        return_full_length_trace=return_full_length_trace,
+                        batch_convergence_reduce_fn=batch_convergence_reduce_fn,
+                        jit_compile=jit_compile)
 
     def transform_state(self, which: int | str) -> dict[str, tf.Variable]:
         """The state variables of one transform, by index or kind, keyed by name.
@@ -191,20 +215,27 @@ class Pipeline(tf.Module):
                     f"updates for {len(variables)} variables")
             updates = [r if m else u for r, u, m in zip(result, updates, mask)]
             new_states.append(state)
-        # Everything is computed; only now does anything change.
-        deps = [t for t in tf.nest.flatten(updates + [new_states], expand_composites=True)
-                if isinstance(t, tf.Tensor)]
-        with tf.control_dependencies(deps):
+        # A NaN/Inf born inside the chain (0/0 in a trust ratio, an overflow) must not
+        # reach the weights either: such a step is skipped like a non-finite gradient.
+        finite = _all_finite([u for u, frozen in zip(updates, store.frozen) if not frozen])
+
+        def commit() -> tf.Tensor:
+            # Everything is computed; only now does anything change.
             ops = store.write(new_states)
             for var, update, frozen in zip(variables, updates, store.frozen):
-                if update is None or frozen:
-                    continue
-                ops.append(_subtract(var, update))
+                if update is not None and not frozen:
+                    ops.append(_subtract(var, update))
             with tf.control_dependencies(ops):
                 ops = ops + store.refresh_from_masters(updates)
             with tf.control_dependencies(ops):
                 self._iterations.assign_add(1)
                 return tf.constant(True)
+
+        def reject() -> tf.Tensor:
+            self._skipped.assign_add(1)
+            return tf.constant(False)
+
+        return tf.cond(finite, commit, reject)
 
     def _resolve_schedule(self, value: Any) -> Any:
         if isinstance(value, ScheduleRef):
@@ -214,6 +245,17 @@ class Pipeline(tf.Module):
             return self._built_schedules[value.name]
         assert isinstance(value, ComponentSpec)
         return build_component(value, self._registry)
+
+
+def _first_learning_rate(spec: PipelineSpec) -> Any:
+    """``hyper()`` of the first update rule's ``learning_rate`` (call in a build scope)."""
+    from .transform import hyper
+
+    for t in spec.transforms:
+        if getattr(type(t.config), "update_rule", False) and hasattr(t.config,
+                                                                      "learning_rate"):
+            return hyper(t.config.learning_rate)
+    return None
 
 
 def _unscale(g: Any, scale: tf.Tensor, dtype: tf.DType) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from typing import Any
@@ -27,13 +26,13 @@ def _problem_spec(spec: PipelineSpec, name: str | None) -> ComponentSpec:
 
 
 def run_problem(spec: PipelineSpec, *, problem: str | None = None,
-                steps: int | None = None, seed: int = 0,
-                progress: bool = True) -> dict[str, Any]:
-    """Train the problem with the pipeline; return a summary dict."""
+                steps: int | None = None, seed: int = 0, progress: bool = True,
+                plot: str | None = None) -> dict[str, Any]:
+    """Train the problem with the pipeline until convergence or ``steps``; summarize."""
     problem_spec = _problem_spec(spec, problem)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's start-up noise out
     import tensorflow as tf
 
+    from .convergence import AnyOf
     from .pipeline import Pipeline
 
     tf.random.set_seed(seed)
@@ -43,48 +42,102 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
     pipe.build(variables)
 
     @tf.function
-    def train_step(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def train_step(step: tf.Tensor) -> tuple[Any, ...]:
         with tf.GradientTape() as tape:
             loss = task.loss(step)
             scaled = pipe.scale_loss(loss)
+        scale = pipe.loss_scale
+        lr = pipe.learning_rate
         grads = tape.gradient(scaled, variables)
         applied = pipe.apply_gradients(zip(grads, variables))
-        return loss, applied
+        unscaled = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) / scale
+                    for g, v in zip(grads, variables)]
+        with tf.control_dependencies([applied]):
+            return (tf.identity(loss), [tf.identity(g) for g in unscaled],
+                    [tf.identity(v) for v in variables], lr, scale)
 
-    total = steps if steps is not None else DEFAULT_STEPS
+    criteria = AnyOf(pipe.criteria) if pipe.criteria else None
+    check = tf.function(criteria.one_step) if criteria else None
+    total = steps if steps is not None else getattr(task, "default_steps", DEFAULT_STEPS)
     bar = _Progress(total, enabled=progress)
+    history: dict[str, list[float]] = {"loss": [], "learning_rate": [], "loss_scale": []}
     start = time.perf_counter()
-    loss_value = math.nan
+    state: Any = None
+    converged_by = None
     done = 0
-    reached_at = None
     for i in range(total):
-        loss, _ = train_step(tf.constant(i, tf.int64))
-        loss_value = float(loss)
+        loss, grads, params, lr, scale = train_step(tf.constant(i, tf.int64))
         done = i + 1
-        if reached_at is None and loss_value <= task.target_loss:
-            reached_at = done
-        bar.update(done, loss_value, float(pipe.loss_scale))
+        for key, value in zip(history, (loss, lr, scale)):
+            history[key].append(float(value))
+        if criteria is not None and check is not None:
+            if state is None:
+                state = criteria.bootstrap(loss, grads, params)
+            else:
+                flag, which, state = check(tf.constant(i), loss, grads, params, state)
+                if bool(tf.reduce_all(flag)):
+                    converged_by = pipe.criteria[int(which)].name
+        bar.update(done, history["loss"][-1], history["learning_rate"][-1],
+                   history["loss_scale"][-1])
+        if converged_by:
+            break
     bar.close()
     wall = time.perf_counter() - start
     final_loss = float(task.loss(tf.constant(done, tf.int64)))
+    reached = (task.succeeded(final_loss) if hasattr(task, "succeeded")
+               else final_loss <= task.target_loss)
     summary: dict[str, Any] = {
         "problem": problem_spec.name,
         "steps": done,
         "applied_updates": int(pipe.iterations),
         "skipped_steps": int(pipe.skipped_steps),
+        "converged": converged_by is not None,
+        "converged_by": converged_by,
         "final_loss": final_loss,
-        "target_loss": float(task.target_loss),
-        "target_reached": final_loss <= task.target_loss,
-        "first_step_at_target": reached_at,
+        "target_reached": bool(reached),
     }
+    if hasattr(task, "target_loss"):
+        summary["target_loss"] = float(task.target_loss)
+        hits = [i + 1 for i, v in enumerate(history["loss"]) if v <= task.target_loss]
+        summary["first_step_at_target"] = hits[0] if hits else None
     if hasattr(task, "metrics"):
         summary.update(task.metrics())
     summary.update({
+        "learning_rate": history["learning_rate"][-1] if done else math.nan,
         "loss_scale": float(pipe.loss_scale),
         "wall_seconds": round(wall, 3),
         "steps_per_second": round(done / wall, 1) if wall > 0 else None,
     })
+    if plot:
+        plot_history(history, plot, title=f"{problem_spec.name}: {spec.source or 'pipeline'}")
     return summary
+
+
+def plot_history(history: dict[str, list[float]], path: str, title: str) -> None:
+    """Loss, learning rate and loss scale over steps, stacked, as a PNG."""
+    from .errors import GradpipeError
+
+    try:
+        import matplotlib
+    except ImportError:  # pragma: no cover - optional dependency
+        raise GradpipeError("--plot needs matplotlib: pip install 'gradpipe[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(8, 7), dpi=120, sharex=True)
+    labels = {"loss": "loss", "learning_rate": "learning rate", "loss_scale": "loss scale"}
+    for ax, (key, values) in zip(axes, history.items()):
+        ax.plot(range(len(values)), values, linewidth=1.5)
+        ax.set_ylabel(labels[key])
+        ax.grid(True, alpha=0.3)
+        positive = [v for v in values if v > 0 and math.isfinite(v)]
+        if key != "learning_rate" and positive and max(positive) / min(positive) > 100:
+            ax.set_yscale("log")
+    axes[-1].set_xlabel("step")
+    axes[0].set_title(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 class _Progress:
@@ -96,18 +149,17 @@ class _Progress:
         self.tty = sys.stderr.isatty()
         self.last = -1
 
-    def update(self, done: int, loss: float, scale: float) -> None:
+    def update(self, done: int, loss: float, lr: float, scale: float) -> None:
         if not self.enabled:
             return
         percent = int(100 * done / self.total)
-        if not self.tty and percent // 10 == self.last // 10 and done != self.total:
-            return
-        if self.tty and percent == self.last and done != self.total:
+        step = 1 if self.tty else 10
+        if percent // step == self.last // step and done != self.total:
             return
         self.last = percent
         filled = int(30 * done / self.total)
         text = (f"[{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} "
-                f"loss {loss:.4g} scale {scale:.4g}")
+                f"loss {loss:.4g}  lr {lr:.3g}  scale {scale:.4g}")
         print(("\r" if self.tty else "") + text, end="" if self.tty else "\n",
               file=sys.stderr, flush=True)
 

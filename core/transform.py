@@ -114,7 +114,12 @@ def hyper(value: Any) -> Callable[[], Any]:
 
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         constant = float(value)
-        return lambda: tf.constant(constant, tf.float32)
+
+        def fixed() -> Any:
+            return tf.constant(constant, tf.float32)
+
+        fixed.constant = constant  # type: ignore[attr-defined]
+        return fixed
     context = current_context()
     schedule = context.resolve_schedule(value)
     step = context.step
@@ -123,7 +128,21 @@ def hyper(value: Any) -> Callable[[], Any]:
         return tf.cast(schedule(step()), tf.float32)
 
     evaluate.schedule = schedule  # type: ignore[attr-defined]
+    evaluate.constant = None  # type: ignore[attr-defined]
     return evaluate
+
+
+def one_minus(value: Callable[[], Any], dtype: Any) -> Any:
+    """``1 - value`` in ``dtype``; for a constant, computed in Python float64 first.
+
+    Keras computes ``1 - beta`` in Python, so doing the same keeps parity exact.
+    """
+    import tensorflow as tf
+
+    constant = getattr(value, "constant", None)
+    if constant is not None:
+        return tf.constant(1.0 - constant, dtype)
+    return 1 - tf.cast(value(), dtype)
 
 
 def schedule(value: Any) -> Callable[[Any], Any]:

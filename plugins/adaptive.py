@@ -13,7 +13,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import attrs
 
-from gradpipe import Transform, hookimpl, hyper, hyperparameter
+from gradpipe import Transform, hookimpl, hyper, hyperparameter, one_minus
 from gradpipe.fields import in_range, non_negative, positive
 from gradpipe.plugins._tensor import dedupe, dense, is_sparse, value_of, zeros_like_vars
 
@@ -122,9 +122,9 @@ def rmsprop(cfg: RMSpropConfig) -> Transform:
             dtype = vel[i].dtype
             g = tf.cast(dense(g), dtype)
             r = tf.cast(rho(), dtype)
-            vel[i] = r * vel[i] + (1 - r) * tf.square(g)
+            vel[i] = r * vel[i] + one_minus(rho, dtype) * tf.square(g)
             if cfg.centered:
-                avgs[i] = r * avgs[i] + (1 - r) * g
+                avgs[i] = r * avgs[i] + one_minus(rho, dtype) * g
                 denominator = vel[i] - tf.square(avgs[i]) + cfg.epsilon
             else:
                 denominator = vel[i] + cfg.epsilon

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 import attrs
 
-from gradpipe import Transform, hookimpl, hyper, hyperparameter
+from gradpipe import Transform, hookimpl, hyper, hyperparameter, one_minus
 from gradpipe.fields import FieldError, in_range, non_negative, one_of, positive
 from gradpipe.plugins._tensor import dense, map_values, norm, value_of, zeros_like_vars
 
@@ -61,7 +61,10 @@ def larc(cfg: LarcConfig) -> Transform:
             ratio = cfg.eta * norm(var) / (norm(g) + cfg.epsilon)
             if cfg.mode == "clip":
                 assert lr is not None
-                factor = tf.minimum(tf.maximum(ratio / lr(), cfg.min_update), 1.0)
+                # lr = 0 (a warm-up's first step) gives 0/0 in the reference; the
+                # update is 0 then anyway, so divide_no_nan keeps the factor finite.
+                factor = tf.minimum(tf.maximum(tf.math.divide_no_nan(ratio, lr()),
+                                               cfg.min_update), 1.0)
             else:
                 factor = tf.maximum(ratio, cfg.min_update)
             out.append(map_values(g, lambda x, f=factor: tf.saturate_cast(f, x.dtype) * x))
@@ -118,8 +121,8 @@ def lamb(cfg: LambConfig) -> Transform:
             g = tf.cast(dense(g), dtype)
             step = tf.cast(count, dtype)
             b1, b2 = tf.cast(beta_1(), dtype), tf.cast(beta_2(), dtype)
-            mus[i] = mus[i] + (g - mus[i]) * (1 - b1)
-            nus[i] = nus[i] + (tf.square(g) - nus[i]) * (1 - b2)
+            mus[i] = mus[i] + (g - mus[i]) * one_minus(beta_1, dtype)
+            nus[i] = nus[i] + (tf.square(g) - nus[i]) * one_minus(beta_2, dtype)
             m_hat = mus[i] / (1.0 - tf.pow(b1, step))
             v_sqrt = tf.sqrt(nus[i] / (1.0 - tf.pow(b2, step))) + cfg.epsilon
             direction = m_hat / v_sqrt

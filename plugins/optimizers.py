@@ -12,7 +12,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import attrs
 
-from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads
+from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, one_minus
 from gradpipe.fields import in_range, non_negative
 from gradpipe.plugins._tensor import dense as _dense
 from gradpipe.plugins._tensor import value_of
@@ -169,8 +169,8 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
                 continue
             dtype = m.dtype
             g = tf.cast(_dense(g), dtype)
-            m = m + (g - m) * (1 - tf.cast(b1, dtype))
-            v = v + (tf.square(g) - v) * (1 - tf.cast(b2, dtype))
+            m = m + (g - m) * one_minus(beta_1, dtype)
+            v = v + (tf.square(g) - v) * one_minus(beta_2, dtype)
             mus.append(m)
             nus.append(v)
             denom_v = v

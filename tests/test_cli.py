@@ -101,7 +101,8 @@ def test_schedule_csv_json_and_plot(tmp_path):
     csv = gradpipe_cli("schedule", example, "--steps", "3", "--csv")
     assert csv.returncode == 0, csv.stderr
     assert csv.stdout.splitlines()[0] == "step,lr"
-    assert csv.stdout.splitlines()[2].startswith("1,0.00100000")  # warm-up: .05 * 1/50
+    # warm-up .5 * 1/100, decayed on top as OpenSeq2Seq does: .004 * (1 - 1/1500)^2 + .001
+    assert csv.stdout.splitlines()[2].startswith("1,0.0049946")
     data = json.loads(gradpipe_cli("schedule", example, "--steps", "60", "--json").stdout)
     assert data["steps"][-1] == 59 and len(data["schedules"]["lr"]) == 60
     png = tmp_path / "s.png"

@@ -78,12 +78,12 @@ CASES = {
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_keras_parity_twelve_steps(case, sparse):
-    """Twelve steps equal the Keras optimizer (rtol 2e-5, atol 2e-6), dense and sparse."""
+    """Twelve steps equal the Keras optimizer (rtol 1e-6, atol 1e-6), dense and sparse."""
     make_keras, transforms = CASES[case]
     expected = keras_run(make_keras(), sparse)
     actual, pipe = pipe_run(transforms, sparse)
     assert int(pipe.iterations) == STEPS
-    assert_close(actual, expected, rtol=2e-5, atol=2e-6)
+    assert_close(actual, expected, rtol=1e-6, atol=1e-6)
 
 
 RULES = [t for _, t in CASES.values()] + [
@@ -126,11 +126,11 @@ def test_weight_decay_exclusion_matches_keras():
         {"kind": "adam", "learning_rate": "@lr"},
         {"kind": "weight_decay", "weight_decay": 0.2, "learning_rate": "@lr",
          "exclude": ["bias"]}], schedules={"lr": {"kind": "constant", "value": 0.01}})
-    assert_close(actual, expected, rtol=2e-5, atol=2e-6)
+    assert_close(actual, expected, rtol=1e-6, atol=1e-6)
     # the same through adamw's own option
     actual, _ = pipe_run([{"kind": "adamw", "learning_rate": 0.01, "weight_decay": 0.2,
                            "exclude_from_weight_decay": ["bias"]}])
-    assert_close(actual, expected, rtol=2e-5, atol=2e-6)
+    assert_close(actual, expected, rtol=1e-6, atol=1e-6)
 
 
 def test_l2_is_coupled():
