@@ -71,12 +71,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="TensorFlow random seed")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--plot", metavar="PNG", help="draw loss, learning rate and loss scale")
+    p.add_argument("--placement", metavar="KIND",
+                   help="override [placement] with this placement and its defaults")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
     return parser
 
 
-def import_tensorflow_quietly() -> None:
+def import_tensorflow_quietly(spec: Any = None) -> None:
     """Import TensorFlow and initialise its devices with stderr muted.
 
     TF's C++ start-up lines (oneDNN, CUDA probing) ignore TF_CPP_MIN_LOG_LEVEL
@@ -92,6 +94,12 @@ def import_tensorflow_quietly() -> None:
     try:
         import tensorflow as tf
 
+        placement = getattr(getattr(spec, "placement", None), "config", None)
+        count = getattr(placement, "logical_cpus", 0)
+        if count:  # splitting the CPU must precede the runtime start
+            from .distribute import split_cpu
+
+            split_cpu(count)
         tf.config.list_logical_devices()
     finally:
         os.dup2(saved, fd)
@@ -168,7 +176,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .runner import run_problem
 
     spec = parse(args.file)
-    import_tensorflow_quietly()
+    if args.placement:
+        spec = _with_placement(spec, args.placement)
+    import_tensorflow_quietly(spec)
     summary = run_problem(spec, problem=args.problem, steps=args.steps, seed=args.seed,
                           progress=not (args.quiet or args.json), plot=args.plot)
     if args.json:
@@ -176,6 +186,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(format_summary(summary))
     return 0
+
+
+def _with_placement(spec: Any, kind: str) -> Any:
+    import attrs
+
+    from .build import component_spec
+
+    return attrs.evolve(spec, placement=component_spec("placement", {"kind": kind}))
 
 
 def format_summary(summary: dict[str, Any]) -> str:

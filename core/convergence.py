@@ -144,7 +144,7 @@ def minimize(pipe: Any, loss_fn: Callable[[], Any], var_list: Sequence[Any], max
     trace_fn = trace_fn or (lambda tq: tq.loss)
     reduce_fn = batch_convergence_reduce_fn or tf.reduce_all
     criteria = AnyOf(pipe.criteria) if pipe.criteria else None
-    skipped_before = int(pipe.skipped_steps)
+    skipped_before = int(pipe.skipped_steps.numpy())
 
     def update() -> tuple[Any, list[Any], list[Any]]:
         with tf.GradientTape() as tape:
@@ -208,4 +208,4 @@ def minimize(pipe: Any, loss_fn: Callable[[], Any], var_list: Sequence[Any], max
     return MinimizeResult(
         trace=trace, steps=int(final[7]), loss=final[1], converged=bool(flags[-1]),
         criterion=pipe.criteria[which].name if which >= 0 else None,
-        skipped_steps=int(pipe.skipped_steps) - skipped_before, parameters=final[3])
+        skipped_steps=int(pipe.skipped_steps.numpy()) - skipped_before, parameters=final[3])

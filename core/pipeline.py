@@ -42,16 +42,17 @@ class Pipeline(tf.Module):
         self.placement = build_component(spec.placement, registry) if spec.placement \
             else None
         self._built_schedules: dict[str, Any] = {}
+        # Every state variable keeps aggregation NONE: each replica updates its own
+        # copy from the *reduced* gradients, so all copies compute the same value,
+        # and no merge_call is needed inside the step's tf.cond (which
+        # ONLY_FIRST_REPLICA would require, and which fails in a replica context).
         with self.strategy.scope():
-            self._iterations = tf.Variable(
-                0, dtype=tf.int64, trainable=False, name="iterations",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            self._skipped = tf.Variable(
-                0, dtype=tf.int64, trainable=False, name="skipped_steps",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            self._micro_steps = tf.Variable(
-                0, dtype=tf.int64, trainable=False, name="micro_steps",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self._iterations = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                           name="iterations")
+            self._skipped = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                        name="skipped_steps")
+            self._micro_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                            name="micro_steps")
             self._context = BuildContext(step=self._iterations.read_value,
                                          resolve_schedule=self._resolve_schedule)
             with build_scope(self._context):
@@ -63,6 +64,7 @@ class Pipeline(tf.Module):
                 self.criteria = [build_component(c, registry) for c in spec.convergence]
                 self._learning_rate = _first_learning_rate(spec)
         self._state = StateStore(self, spec)
+        self._pre_reduce = self._clipping_before_reduce()
 
     # -- public API --------------------------------------------------------
 
@@ -143,6 +145,8 @@ class Pipeline(tf.Module):
 
     def build(self, variables: Sequence[tf.Variable]) -> None:
         """Create all state for ``variables`` now (also done on first use)."""
+        if self.placement is not None and self.strategy.num_replicas_in_sync > 1:
+            self.placement.check_can_update_mirrored()
         self._state.build(list(variables))
 
     @tf.autograph.experimental.do_not_convert
@@ -154,12 +158,26 @@ class Pipeline(tf.Module):
         variables = [v for _, v in pairs]
         if not self._state.built:
             with tf.init_scope():  # state is created eagerly, never inside a trace
-                self._state.build(variables)
+                self.build(variables)
         grads = self._state.align(pairs)
         if all(g is None for g in grads):
             raise GradpipeError("no gradients provided for any variable")
-        grads = self.placement.reduce(grads) if self.placement else grads
+        if self.placement is not None:
+            if self._pre_reduce:  # clip_before_reduce: clip each replica's gradients
+                grads = self._run_chain(grads, only=self._pre_reduce)[0]
+            grads = self.placement.reduce(grads)  # once, batched
         return self._step(grads)
+
+    def _clipping_before_reduce(self) -> set[int]:
+        """Leading clipping transforms to run per replica (``clip_before_reduce``)."""
+        if not getattr(self.placement, "clip_before_reduce", False):
+            return set()
+        leading = set()
+        for i, t in enumerate(self._spec.transforms):
+            if not getattr(type(t.config), "gradient_clipping", False):
+                break
+            leading.add(i)
+        return leading
 
     # -- the step ----------------------------------------------------------
 
@@ -198,15 +216,20 @@ class Pipeline(tf.Module):
 
         return tf.cond(complete, apply, lambda: tf.constant(False))
 
-    def _update(self, grads: list[Any]) -> tf.Tensor:
+    def _run_chain(self, grads: list[Any], only: set[int] | None = None,
+                   skip: set[int] | None = None) -> tuple[list[Any], list[Any]]:
+        """Run the transforms in file order; return the updates and the new states."""
         store = self._state
         variables = store.variables
         updates = list(grads)
         new_states = []
         for i, (spec, transform) in enumerate(zip(self._spec.transforms,
                                                   self._transforms)):
-            mask = store.masks[i]
             state = store.read(i)
+            if (only is not None and i not in only) or (skip and i in skip):
+                new_states.append(state)
+                continue
+            mask = store.masks[i]
             masked = [u if m else None for u, m in zip(updates, mask)]
             result, state = transform.update(masked, state, variables)
             if len(result) != len(variables):
@@ -215,6 +238,12 @@ class Pipeline(tf.Module):
                     f"updates for {len(variables)} variables")
             updates = [r if m else u for r, u, m in zip(result, updates, mask)]
             new_states.append(state)
+        return updates, new_states
+
+    def _update(self, grads: list[Any]) -> tf.Tensor:
+        store = self._state
+        variables = store.variables
+        updates, new_states = self._run_chain(grads, skip=self._pre_reduce)
         # A NaN/Inf born inside the chain (0/0 in a trust ratio, an overflow) must not
         # reach the weights either: such a step is skipped like a non-finite gradient.
         finite = _all_finite([u for u, frozen in zip(updates, store.frozen) if not frozen])

@@ -36,15 +36,20 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
     from .pipeline import Pipeline
 
     tf.random.set_seed(seed)
-    task = build_component(problem_spec)
     pipe = Pipeline(spec)
+    strategy = pipe.strategy
+    with strategy.scope():  # the problem's variables are mirrored like the state
+        task = build_component(problem_spec)
     variables = list(task.variables)
     pipe.build(variables)
 
-    @tf.function
-    def train_step(step: tf.Tensor) -> tuple[Any, ...]:
+    def replica_step(step: tf.Tensor) -> tuple[Any, ...]:
+        # Data parallelism: replica r of n takes mini-batch step * n + r.
+        ctx = tf.distribute.get_replica_context()
+        batch = step * ctx.num_replicas_in_sync + tf.cast(ctx.replica_id_in_sync_group,
+                                                          tf.int64)
         with tf.GradientTape() as tape:
-            loss = task.loss(step)
+            loss = task.loss(batch)
             scaled = pipe.scale_loss(loss)
         scale = pipe.loss_scale
         lr = pipe.learning_rate
@@ -53,8 +58,17 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
         unscaled = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) / scale
                     for g, v in zip(grads, variables)]
         with tf.control_dependencies([applied]):
+            # For the criteria and the progress bar only: the global mean gradient.
+            unscaled = ctx.all_reduce(tf.distribute.ReduceOp.SUM, unscaled)
+            loss = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, loss)
             return (tf.identity(loss), [tf.identity(g) for g in unscaled],
                     [tf.identity(v) for v in variables], lr, scale)
+
+    @tf.function
+    def train_step(step: tf.Tensor) -> tuple[Any, ...]:
+        results = strategy.run(replica_step, (step,))
+        return tf.nest.map_structure(lambda r: strategy.experimental_local_results(r)[0],
+                                     results)
 
     criteria = AnyOf(pipe.criteria) if pipe.criteria else None
     check = tf.function(criteria.one_step) if criteria else None
@@ -88,9 +102,11 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
                else final_loss <= task.target_loss)
     summary: dict[str, Any] = {
         "problem": problem_spec.name,
+        "placement": pipe.placement.description if pipe.placement else "current",
+        "replicas": int(pipe.strategy.num_replicas_in_sync),
         "steps": done,
-        "applied_updates": int(pipe.iterations),
-        "skipped_steps": int(pipe.skipped_steps),
+        "applied_updates": int(pipe.iterations.numpy()),
+        "skipped_steps": int(pipe.skipped_steps.numpy()),
         "converged": converged_by is not None,
         "converged_by": converged_by,
         "final_loss": final_loss,

@@ -8,7 +8,7 @@ The norm is shared with later transforms and summaries as ``global_norm``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -39,6 +39,8 @@ class ClipNormConfig:
     Attributes:
         clip_norm: the largest norm allowed (> 0; a number or a schedule).
     """
+
+    gradient_clipping: ClassVar[bool] = True
 
     clip_norm: Any = hyperparameter(validator=positive())
 
@@ -87,6 +89,8 @@ class ClipValueConfig:
         clip_value_min: lower bound of every gradient element.
         clip_value_max: upper bound; must be >= ``clip_value_min``.
     """
+
+    gradient_clipping: ClassVar[bool] = True
 
     clip_value_min: Any = hyperparameter()
     clip_value_max: Any = hyperparameter()

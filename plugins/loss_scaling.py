@@ -109,14 +109,13 @@ def dynamic(cfg: DynamicConfig) -> Any:
         def __init__(self, config: DynamicConfig) -> None:
             super().__init__(name="dynamic_loss_scale")
             self.config = config
-            only_first = tf.VariableAggregation.ONLY_FIRST_REPLICA
             self.current_loss_scale = tf.Variable(
                 config.initial_loss_scale, dtype=tf.float32, trainable=False,
-                name="current_loss_scale", aggregation=only_first)
+                name="current_loss_scale")
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                          name="good_steps", aggregation=only_first)
+                                          name="good_steps")
             self.overflows = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                         name="overflows", aggregation=only_first)
+                                         name="overflows")
 
         def __call__(self) -> Any:
             return tf.convert_to_tensor(self.current_loss_scale)

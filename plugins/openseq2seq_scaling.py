@@ -62,14 +62,13 @@ def backoff(cfg: BackoffConfig) -> Any:
     class BackoffScaler(tf.Module):
         def __init__(self) -> None:
             super().__init__(name="backoff_loss_scale")
-            first = tf.VariableAggregation.ONLY_FIRST_REPLICA
             self.config = cfg
             self.scale = tf.Variable(cfg.scale_max, dtype=tf.float32, trainable=False,
-                                     name="scale", aggregation=first)
+                                     name="scale")
             self.iteration = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                         name="iteration", aggregation=first)
+                                         name="iteration")
             self.last_overflow = tf.Variable(-1, dtype=tf.int64, trainable=False,
-                                             name="last_overflow", aggregation=first)
+                                             name="last_overflow")
 
         def __call__(self) -> Any:
             return tf.convert_to_tensor(self.scale)
@@ -136,12 +135,10 @@ def logmax(cfg: LogMaxConfig) -> Any:
     class LogMaxScaler(tf.Module):
         def __init__(self) -> None:
             super().__init__(name="logmax_loss_scale")
-            first = tf.VariableAggregation.ONLY_FIRST_REPLICA
             self.config = cfg
 
             def var(value: float, name: str) -> tf.Variable:
-                return tf.Variable(value, dtype=tf.float32, trainable=False, name=name,
-                                   aggregation=first)
+                return tf.Variable(value, dtype=tf.float32, trainable=False, name=name)
 
             self.scale = var(1.0, "scale")
             self.x_hat = var(0.0, "x_hat")

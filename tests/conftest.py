@@ -14,6 +14,19 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 ROOT = Path(__file__).resolve().parents[1]
+LOGICAL_CPUS = 4
+
+
+def _split_cpu() -> None:
+    """Four logical CPU devices for MirroredStrategy tests, before TF's runtime starts."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(LOGICAL_CPUS)])
+
+
+_split_cpu()
 
 
 def assert_close(actual, expected, *, rtol, atol):

@@ -1,0 +1,150 @@
+"""Cross-replica reduction with CrossShardOptimizer semantics, for placements.
+
+``reduction = "mean"`` divides the loss by the number of replicas (or by the
+group size) and then *sums* gradients, so the sum is the mean; ``"sum"`` does
+not divide. Gradients are reduced once, in one batched call, inside the
+replica context, before the loss scaler and the transforms see them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import PlacementError
+
+
+def validate_group_assignment(groups: Any, num_replicas: int | None = None
+                              ) -> list[list[int]] | None:
+    """Check ``group_assignment`` as CrossShardOptimizer does, and reject duplicates.
+
+    Returns ``None`` for no grouping (``None`` or ``[]``), else the groups.
+    """
+    if not groups:
+        return None
+    if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
+        raise PlacementError("Argument `group_assignment` must be a list of lists. "
+                             f"Received: {groups!r}")
+    if any(not all(isinstance(i, int) and not isinstance(i, bool) for i in g)
+           for g in groups):
+        raise PlacementError("Argument `group_assignment` must hold integer replica ids. "
+                             f"Received: {groups!r}")
+    sizes = {len(g) for g in groups}
+    if len(sizes) != 1:
+        raise PlacementError("The size of each subgroup in `group_assignment` must be "
+                             f"equal. Received: {groups!r}")
+    flat = [i for g in groups for i in g]
+    if len(flat) != len(set(flat)):
+        duplicates = sorted({i for i in flat if flat.count(i) > 1})
+        raise PlacementError(  # the reference only compares sets and lets these through
+            f"Argument `group_assignment` lists replica ids {duplicates} more than once. "
+            f"Received: {groups!r}")
+    if num_replicas is not None and set(flat) != set(range(num_replicas)):
+        raise PlacementError("Argument `group_assignment` must be a permutation of "
+                             f"range({num_replicas}). Received: {groups!r}")
+    return groups
+
+
+def group_matrix(groups: list[list[int]]) -> list[list[float]]:
+    """``M[i][j] = 1`` when replica ``j`` is in replica ``i``'s group."""
+    n = sum(len(g) for g in groups)
+    matrix = [[0.0] * n for _ in range(n)]
+    for group in groups:
+        for i in group:
+            for j in group:
+                matrix[i][j] = 1.0
+    return matrix
+
+
+def all_reduce_sum(grads: Sequence[Any], groups: list[list[int]] | None = None,
+                   tpu: bool = False) -> list[Any]:
+    """SUM all-reduce of the non-None gradients, once; per group when groups are given.
+
+    Outside a replica context, or with one replica, gradients pass unchanged.
+    On TPU, groups use ``cross_replica_sum(g, group_assignment)``; elsewhere each
+    replica gathers every replica's value and sums its own group's rows.
+    """
+    import tensorflow as tf
+
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return list(grads)
+    present = [g for g in grads if g is not None]
+    if groups is None or len(groups) == 1:
+        reduced = iter(ctx.all_reduce(tf.distribute.ReduceOp.SUM, present))
+    elif tpu:
+        reduced = iter([tf.compat.v1.tpu.cross_replica_sum(tf.convert_to_tensor(g), groups)
+                        for g in present])
+    else:
+        weights = tf.gather(tf.constant(group_matrix(groups)), ctx.replica_id_in_sync_group)
+        summed = []
+        for g in present:
+            g = tf.convert_to_tensor(g)
+            gathered = ctx.all_gather(g[tf.newaxis], axis=0)  # [replicas, ...]
+            summed.append(tf.tensordot(tf.cast(weights, g.dtype), gathered, axes=1))
+        reduced = iter(summed)
+    return [None if g is None else next(reduced) for g in grads]
+
+
+class Placement:
+    """A strategy plus how gradients are reduced across its replicas.
+
+    Attributes:
+        strategy: the ``tf.distribute.Strategy``.
+        reduction: ``mean`` or ``sum``.
+        groups: validated ``group_assignment`` or ``None``.
+        description: what was chosen, in words (``auto`` reports it).
+    """
+
+    tpu = False
+
+    def __init__(self, strategy: Any, reduction: str = "mean",
+                 group_assignment: Any = None, description: str = "",
+                 clip_before_reduce: bool = False) -> None:
+        self.strategy = strategy
+        self.reduction = reduction
+        self.num_replicas = int(strategy.num_replicas_in_sync)
+        self.groups = validate_group_assignment(group_assignment, self.num_replicas)
+        self.description = description or type(strategy).__name__
+        self.clip_before_reduce = clip_before_reduce
+
+    @property
+    def group_size(self) -> int:
+        return len(self.groups[0]) if self.groups else self.num_replicas
+
+    @property
+    def loss_divisor(self) -> int:
+        return self.group_size if self.reduction == "mean" else 1
+
+    def check_can_update_mirrored(self) -> None:
+        """Refuse groups that would give mirrored copies different updates."""
+        if self.groups is not None and len(self.groups) > 1:
+            raise PlacementError(
+                f"group_assignment {self.groups} reduces each group on its own, so the "
+                "mirrored copies of every variable would receive different updates and "
+                "diverge. tf.distribute keeps one value per variable across all "
+                "replicas, so a pipeline refuses several groups; use one group (or "
+                "none), or call placement.reduce(grads) yourself where each group owns "
+                "its variables")
+
+    def reduce(self, grads: Sequence[Any]) -> list[Any]:
+        return all_reduce_sum(grads, self.groups, tpu=self.tpu)
+
+
+def split_cpu(count: int) -> None:
+    """Make ``count`` logical CPU devices, or fail clearly if the runtime already runs."""
+    import tensorflow as tf
+
+    if count <= 0:
+        return
+    cpu0 = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu0, [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+    except RuntimeError:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have < count:
+            raise PlacementError(
+                f"logical_cpus = {count}, but TensorFlow's runtime already started with "
+                f"{have} CPU device(s); build the pipeline before running any TensorFlow "
+                "op, or split the CPU yourself first") from None
