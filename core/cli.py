@@ -71,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="TensorFlow random seed")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--plot", metavar="PNG", help="draw loss, learning rate and loss scale")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="save checkpoints here and resume from the latest one")
+    p.add_argument("--checkpoint-every", type=int, default=100, metavar="N",
+                   help="steps between checkpoints (default 100)")
     p.add_argument("--placement", metavar="KIND",
                    help="override [placement] with this placement and its defaults")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -180,7 +184,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec = _with_placement(spec, args.placement)
     import_tensorflow_quietly(spec)
     summary = run_problem(spec, problem=args.problem, steps=args.steps, seed=args.seed,
-                          progress=not (args.quiet or args.json), plot=args.plot)
+                          progress=not (args.quiet or args.json), plot=args.plot,
+                          checkpoint_dir=args.checkpoint_dir,
+                          checkpoint_every=args.checkpoint_every)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -16,6 +16,7 @@ failure leaves all variables as they were.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -28,6 +29,11 @@ from .fields import ScheduleRef
 from .registry import Registry, get_registry
 from .spec import ComponentSpec, PipelineSpec
 from .state import StateStore
+from .summaries import (
+    scheduled_hyperparameters,
+    write_step_summaries,
+    write_update_summaries,
+)
 from .transform import BuildContext, build_scope
 
 
@@ -53,6 +59,10 @@ class Pipeline(tf.Module):
                                         name="skipped_steps")
             self._micro_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
                                             name="micro_steps")
+            # The state layout (names and shapes), saved with every checkpoint so a
+            # restore into a different pipeline fails naming what differs. Python
+            # state, not a string variable: MultiWorkerMirrored cannot broadcast those.
+            self._layout = _LayoutState()
             self._context = BuildContext(step=self._iterations.read_value,
                                          resolve_schedule=self._resolve_schedule)
             with build_scope(self._context):
@@ -63,6 +73,7 @@ class Pipeline(tf.Module):
                 self._transforms = [build_component(t, registry) for t in spec.transforms]
                 self.criteria = [build_component(c, registry) for c in spec.convergence]
                 self._learning_rate = _first_learning_rate(spec)
+                self._scheduled = scheduled_hyperparameters(spec)
         self._state = StateStore(self, spec)
         self._pre_reduce = self._clipping_before_reduce()
 
@@ -119,6 +130,31 @@ class Pipeline(tf.Module):
                         batch_convergence_reduce_fn=batch_convergence_reduce_fn,
                         jit_compile=jit_compile)
 
+    def named_variables(self) -> dict[str, tf.Variable]:
+        """Every state variable under a stable name (the checkpoint/.keras layout)."""
+        named = {"iterations": self._iterations, "skipped_steps": self._skipped,
+                 "micro_steps": self._micro_steps}
+        if self.loss_scaler is not None:
+            for var in self.loss_scaler.variables:
+                named[f"loss_scale/{var.name.split(':')[0].split('/')[-1]}"] = var
+        store = self._state
+        for key, slots in store.slots.items():
+            named.update({f"slots/{key}/{name}": var for name, var in slots.items()})
+        named.update({f"accumulators/{p}": v for p, v in store.accumulators.items()})
+        named.update({f"masters/{p}": v for p, v in store.masters.items()})
+        return named
+
+    def layout(self) -> dict[str, list[int]]:
+        """Name -> shape of every state variable; two pipelines with equal layouts
+        can restore each other's state."""
+        return {name: list(var.shape) for name, var in sorted(self.named_variables().items())}
+
+    def keras_optimizer(self, name: str = "gradpipe") -> Any:
+        """A ``keras.optimizers.Optimizer`` that applies this pipeline in compile()/fit()."""
+        from .keras_adapter import pipeline_optimizer
+
+        return pipeline_optimizer(self, name=name)
+
     def transform_state(self, which: int | str) -> dict[str, tf.Variable]:
         """The state variables of one transform, by index or kind, keyed by name.
 
@@ -147,7 +183,32 @@ class Pipeline(tf.Module):
         """Create all state for ``variables`` now (also done on first use)."""
         if self.placement is not None and self.strategy.num_replicas_in_sync > 1:
             self.placement.check_can_update_mirrored()
+        if self._state.built:
+            return
         self._state.build(list(variables))
+        self._layout.value = json.dumps(self.layout(), sort_keys=True)
+
+    def restore(self, path: str, key: str = "pipeline") -> None:
+        """Restore this pipeline's state from a ``tf.train.Checkpoint`` written with
+        ``tf.train.Checkpoint(**{key: pipe}, ...)``; a different layout is an error
+        naming what differs, never a silent fresh start."""
+        from .keras_adapter import _layout_difference
+
+        if not self._state.built:
+            raise GradpipeError("build the pipeline (pipe.build(variables)) before "
+                                "restoring it, so its state exists to receive the values")
+        try:
+            saved = tf.train.load_variable(path, f"{key}/_layout/.ATTRIBUTES/py_state")
+        except (tf.errors.NotFoundError, ValueError) as exc:
+            raise GradpipeError(f"{path} holds no gradpipe pipeline under {key!r}: "
+                                f"{exc}") from None
+        saved_layout = json.loads(saved.decode() if isinstance(saved, bytes) else saved)
+        difference = _layout_difference(self.layout(), saved_layout)
+        if difference:
+            raise GradpipeError(f"checkpoint {path} was written by a different pipeline: "
+                                f"{difference}")
+        tf.train.Checkpoint(**{key: self}).restore(path).expect_partial() \
+            .assert_existing_objects_matched()
 
     @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> tf.Tensor:
@@ -194,8 +255,12 @@ class Pipeline(tf.Module):
         self._skipped.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
         k = self._spec.options.accumulation_steps
         if k > 1:
-            return self._accumulate(grads, finite, k)
-        return tf.cond(finite, lambda: self._update(grads), lambda: tf.constant(False))
+            applied = self._accumulate(grads, finite, k)
+        else:
+            applied = tf.cond(finite, lambda: self._update(grads), lambda: tf.constant(False))
+        with tf.control_dependencies([applied]):
+            write_step_summaries(self)
+            return tf.identity(applied)
 
     def _accumulate(self, grads: list[Any], finite: tf.Tensor, k: int) -> tf.Tensor:
         store = self._state
@@ -258,6 +323,8 @@ class Pipeline(tf.Module):
                 ops = ops + store.refresh_from_masters(updates)
             with tf.control_dependencies(ops):
                 self._iterations.assign_add(1)
+            with tf.control_dependencies(ops + [self._iterations.read_value()]):
+                write_update_summaries(self, grads, updates)
                 return tf.constant(True)
 
         def reject() -> tf.Tensor:
@@ -274,6 +341,19 @@ class Pipeline(tf.Module):
             return self._built_schedules[value.name]
         assert isinstance(value, ComponentSpec)
         return build_component(value, self._registry)
+
+
+class _LayoutState(tf.train.experimental.PythonState):
+    """The pipeline's state layout as JSON, written into every checkpoint."""
+
+    def __init__(self) -> None:
+        self.value = ""
+
+    def serialize(self) -> str:
+        return self.value
+
+    def deserialize(self, string_value: Any) -> None:
+        del string_value  # restore compares layouts first; ours stays authoritative
 
 
 def _first_learning_rate(spec: PipelineSpec) -> Any:
@@ -319,5 +399,6 @@ def variable_path(var: Any) -> str:
 
 
 def slot_name(path: str) -> str:
-    """A checkpoint-safe key for a variable path."""
-    return re.sub(r"[^A-Za-z0-9_.\-]", "_", path)
+    """A checkpoint-safe key for a variable path; ``/`` becomes ``.`` so the path's
+    components stay recognisable (``sequential.dense.kernel``)."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", path.replace("/", "."))

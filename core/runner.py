@@ -27,7 +27,8 @@ def _problem_spec(spec: PipelineSpec, name: str | None) -> ComponentSpec:
 
 def run_problem(spec: PipelineSpec, *, problem: str | None = None,
                 steps: int | None = None, seed: int = 0, progress: bool = True,
-                plot: str | None = None) -> dict[str, Any]:
+                plot: str | None = None, checkpoint_dir: str | None = None,
+                checkpoint_every: int = 100) -> dict[str, Any]:
     """Train the problem with the pipeline until convergence or ``steps``; summarize."""
     problem_spec = _problem_spec(spec, problem)
     import tensorflow as tf
@@ -70,6 +71,18 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
         return tf.nest.map_structure(lambda r: strategy.experimental_local_results(r)[0],
                                      results)
 
+    position = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    manager = None
+    resumed_from = 0
+    if checkpoint_dir:
+        ckpt = tf.train.Checkpoint(pipeline=pipe, problem=list(variables), step=position)
+        manager = tf.train.CheckpointManager(ckpt, checkpoint_dir, max_to_keep=3)
+        if manager.latest_checkpoint:
+            pipe.restore(manager.latest_checkpoint)
+            tf.train.Checkpoint(problem=list(variables), step=position).restore(
+                manager.latest_checkpoint).expect_partial()
+            resumed_from = int(position.numpy())
+
     criteria = AnyOf(pipe.criteria) if pipe.criteria else None
     check = tf.function(criteria.one_step) if criteria else None
     total = steps if steps is not None else getattr(task, "default_steps", DEFAULT_STEPS)
@@ -79,9 +92,13 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
     state: Any = None
     converged_by = None
     done = 0
-    for i in range(total):
+    done = resumed_from
+    for i in range(resumed_from, total):
         loss, grads, params, lr, scale = train_step(tf.constant(i, tf.int64))
         done = i + 1
+        position.assign(done)
+        if manager is not None and done % checkpoint_every == 0:
+            manager.save(checkpoint_number=done)
         for key, value in zip(history, (loss, lr, scale)):
             history[key].append(float(value))
         if criteria is not None and check is not None:
@@ -96,6 +113,8 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
         if converged_by:
             break
     bar.close()
+    if manager is not None:
+        manager.save(checkpoint_number=done)
     wall = time.perf_counter() - start
     final_loss = float(task.loss(tf.constant(done, tf.int64)))
     reached = (task.succeeded(final_loss) if hasattr(task, "succeeded")
@@ -105,6 +124,7 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
         "placement": pipe.placement.description if pipe.placement else "current",
         "replicas": int(pipe.strategy.num_replicas_in_sync),
         "steps": done,
+        "resumed_from_step": resumed_from,
         "applied_updates": int(pipe.iterations.numpy()),
         "skipped_steps": int(pipe.skipped_steps.numpy()),
         "converged": converged_by is not None,
@@ -119,10 +139,10 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
     if hasattr(task, "metrics"):
         summary.update(task.metrics())
     summary.update({
-        "learning_rate": history["learning_rate"][-1] if done else math.nan,
+        "learning_rate": history["learning_rate"][-1] if history["loss"] else math.nan,
         "loss_scale": float(pipe.loss_scale),
         "wall_seconds": round(wall, 3),
-        "steps_per_second": round(done / wall, 1) if wall > 0 else None,
+        "steps_per_second": round((done - resumed_from) / wall, 1) if wall > 0 else None,
     })
     if plot:
         plot_history(history, plot, title=f"{problem_spec.name}: {spec.source or 'pipeline'}")

@@ -12,9 +12,13 @@ from typing import Any
 
 import attrs
 
-from .fields import HYPER, SCHEDULE, ScheduleRef, at_least, in_range
+from .fields import HYPER, SCHEDULE, ScheduleRef, at_least, in_range, one_of
 
 SCHEMA_VERSION = 1
+
+#: What ``[pipeline] summaries`` may name.
+SUMMARIES = ("learning_rate", "hyperparameters", "loss_scale", "skipped_steps",
+             "global_gradient_norm", "clipping_factors", "update_ratios")
 
 
 @attrs.frozen(kw_only=True)
@@ -80,10 +84,20 @@ class PipelineOptions:
         accumulation_steps: micro-batches per applied update (OpenSeq2Seq
             ``iter_size``); the chain runs once every ``k`` calls on the mean.
         freeze: regular expressions; matching variables are never updated.
+        summaries: TensorBoard scalars written while a default ``tf.summary``
+            writer is set (OpenSeq2Seq's default: learning rate, global gradient
+            norm, loss scale); see ``SUMMARIES``.
     """
 
     accumulation_steps: int = attrs.field(default=1, validator=in_range(1, 1_000_000))
     freeze: tuple[str, ...] = ()
+    summaries: tuple[str, ...] = attrs.field(default=("learning_rate", "global_gradient_norm",
+                                                      "loss_scale"))
+
+    @summaries.validator
+    def _summaries(self, attribute: Any, value: tuple[str, ...]) -> None:
+        for name in value:
+            one_of(*SUMMARIES)(None, attribute, name)
 
 
 @attrs.frozen(kw_only=True)

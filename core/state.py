@@ -28,6 +28,16 @@ def _key(var: Any) -> Any:
     return var.ref() if hasattr(var, "ref") else id(var)
 
 
+def _tf_variable(var: Any) -> Any:
+    """The tf.Variable behind a Keras 3 variable (TF backend); else ``var`` itself.
+
+    Keras variables have no ``scatter_sub`` and may autocast on read; the engine
+    updates the variable they wrap (a MirroredVariable under a strategy).
+    """
+    inner = getattr(var, "_value", None)
+    return inner if inner is not None and hasattr(inner, "assign_sub") else var
+
+
 class StateStore(tf.Module):
     """Per-transform state variables and gradient accumulators."""
 
@@ -66,8 +76,9 @@ class StateStore(tf.Module):
         owner = self._owner.items[0]
         raw_paths = [variable_path(v) for v in variables]
         paths = _unique([slot_name(p) for p in raw_paths])
-        self._model_vars.items = list(variables)
         self._index = {_key(v): i for i, v in enumerate(variables)}
+        variables = [_tf_variable(v) for v in variables]
+        self._model_vars.items = list(variables)
         self.masks = [self._mask(t.extra, raw_paths, t.path) for t in self._spec.transforms]
         self.frozen = self._frozen(raw_paths)
         # A variable that no update rule selects is not updated at all (rather than

@@ -1,0 +1,89 @@
+"""TensorBoard scalars from inside the step (``[pipeline] summaries``).
+
+Nothing is written, and no op is added, unless a default ``tf.summary`` writer
+is set when the step is traced. Summary ops cannot be compiled by XLA: with a
+writer set, do not ``jit_compile`` the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import tensorflow as tf
+
+from .fields import HYPER
+from .spec import PipelineSpec
+from .transform import hyper
+
+
+def _scalar(tag: str, value: Any, step: Any) -> None:
+    """A TensorBoard scalar via core ``tf.summary.write``: ``tf.summary.scalar`` would
+    need the tensorboard package; the ``scalars`` plugin metadata is all it adds."""
+    from tensorflow.core.framework import summary_pb2
+
+    metadata = summary_pb2.SummaryMetadata()
+    metadata.plugin_data.plugin_name = "scalars"
+    tf.summary.write(tag, tf.cast(value, tf.float32), step=tf.cast(step, tf.int64),
+                     metadata=metadata.SerializeToString())
+
+
+def scheduled_hyperparameters(spec: PipelineSpec) -> list[tuple[str, Any]]:
+    """(tag, callable) for every scheduled hyperparameter; call in a build scope."""
+    found = []
+    for t in spec.transforms:
+        for field in attrs.fields(type(t.config)):
+            value = getattr(t.config, field.name)
+            if field.metadata.get(HYPER) and value is not None and not isinstance(
+                    value, (int, float)):
+                found.append((f"hyperparameters/{t.path}.{field.name}", hyper(value)))
+    return found
+
+
+def write_update_summaries(pipe: Any, grads: list[Any], updates: list[Any]) -> None:
+    """Summaries of an applied step: rates, norms, factors, update ratios."""
+    wanted = set(pipe.spec.options.summaries)
+    if not wanted:  # without a default writer tf.summary adds no op; unused values are pruned
+        return
+    step = pipe.iterations
+    if "learning_rate" in wanted:
+        _scalar("learning_rate", pipe.learning_rate, step=step)
+    if "hyperparameters" in wanted:
+        for tag, value in pipe._scheduled:
+            _scalar(tag, value(), step=step)
+    if "global_gradient_norm" in wanted:
+        norm = pipe._context.shared.get("global_norm")  # computed once by clipping
+        if norm is None:
+            from .pipeline import _values
+
+            squares = [tf.reduce_sum(tf.square(tf.cast(_values(g), tf.float32)))
+                       for g in grads if g is not None]
+            norm = tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0)
+        _scalar("global_gradient_norm", norm, step=step)
+    if "clipping_factors" in wanted:
+        for slots in pipe._state.slots.values():
+            for name, var in slots.items():
+                if name.startswith("clipping_factor/"):
+                    _scalar(f"clipping_factors/{name.split('/', 1)[1]}", var,
+                                      step=step)
+    if "update_ratios" in wanted:
+        from .pipeline import _values, variable_path
+
+        for var, update in zip(pipe._state.variables, updates):
+            if update is None:
+                continue
+            u = tf.norm(tf.cast(_values(update), tf.float32))
+            w = tf.norm(tf.cast(tf.convert_to_tensor(var), tf.float32))
+            _scalar(f"update_ratios/{variable_path(var)}",
+                              tf.math.divide_no_nan(u, w), step=step)
+
+
+def write_step_summaries(pipe: Any) -> None:
+    """Summaries of every call, applied or skipped."""
+    wanted = set(pipe.spec.options.summaries)
+    if not wanted:  # without a default writer tf.summary adds no op; unused values are pruned
+        return
+    if "loss_scale" in wanted:
+        _scalar("loss_scale", pipe.loss_scale, step=pipe.iterations)
+    if "skipped_steps" in wanted:
+        _scalar("skipped_steps", pipe.skipped_steps, step=pipe.iterations)
