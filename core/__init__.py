@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .api import build, create, load, parse
 from .errors import ConfigError, GradpipeError, PlacementError, PluginError
 from .fields import FieldError, hyperparameter, schedule_field
-from .hookspecs import hookimpl, hookspec
+from .hookspecs import PLUGIN_API_VERSION, hookimpl, hookspec
 from .transform import Transform, hyper, map_grads, no_state, one_minus, schedule, shared
 
 if TYPE_CHECKING:
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "PLUGIN_API_VERSION",
     "ConfigError",
     "FieldError",
     "GradpipeError",

@@ -47,11 +47,14 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plugins", help="list installed plugins and their components")
     p.add_argument("--all", action="store_true", help="include built-in plugins")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--hook", metavar="NAME", help="only plugins implementing this hook")
     p.set_defaults(func=cmd_plugins)
 
     p = sub.add_parser("check", help="validate a pipeline file")
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--resolved", action="store_true",
+                   help="print only the resolved TOML (defaults and [lock] filled in)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("schedule", help="evaluate (and plot) the schedules of a file")
@@ -63,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PNG", help="draw every schedule to this PNG file")
     p.add_argument("--log", action="store_true", help="logarithmic value axis in the plot")
     p.set_defaults(func=cmd_schedule)
+
+    p = sub.add_parser("new-plugin", help="write a ready-to-install plugin package")
+    p.add_argument("name", help="plugin name; the distribution is gradpipe-NAME")
+    p.add_argument("--directory", default=".", help="where to create it (default: here)")
+    p.set_defaults(func=cmd_new_plugin)
 
     p = sub.add_parser("run", help="run a pipeline on a built-in problem")
     p.add_argument("file")
@@ -116,6 +124,15 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
     registry = get_registry()
     records = [r for r in registry.plugins if args.all or not r.builtin]
+    if args.hook:
+        from .errors import did_you_mean
+        from .registry import KIND_HOOKS
+
+        if args.hook not in KIND_HOOKS.values():
+            raise GradpipeError(f"unknown hook {args.hook!r}"
+                                f"{did_you_mean(args.hook, KIND_HOOKS.values())}; hooks: "
+                                f"{', '.join(KIND_HOOKS.values())}")
+        records = [r for r in records if args.hook in r.hooks]
     if args.json:
         print(json.dumps([r.as_dict() for r in records], indent=2))
         return 0
@@ -140,6 +157,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     spec = parse(args.file)
     if args.json:
         print(json.dumps({"ok": True, "pipeline": spec.to_mapping()}, indent=2))
+    elif args.resolved:
+        print(spec.to_toml(), end="")
     else:
         print(f"# {args.file}: OK. Resolved pipeline, defaults filled in:")
         print(spec.to_toml(), end="")
@@ -172,6 +191,16 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         for i in picks:
             print(str(i).rjust(8) + "".join(f"{series[k][i]:.6g}".rjust(width + 2)
                                             for k in labels))
+    return 0
+
+
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .template import new_plugin
+
+    root = new_plugin(args.name, Path(args.directory))
+    print(f"wrote {root}: pip install {root} && pytest {root / 'tests'}")
     return 0
 
 

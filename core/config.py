@@ -159,7 +159,7 @@ def parse_mapping(
             options=options or PipelineOptions(), transforms=tuple(transforms),
             convergence=tuple(convergence), problem=problem, source=file,
         )
-        _check_lock(data.get("lock"), spec, out)
+        _check_lock(data.get("lock"), registry, out)
     if out.problems:
         raise ConfigError(out.problems)
     assert spec is not None
@@ -209,15 +209,18 @@ def _check_requirements(require: tuple[str, ...], out: _Collector) -> None:
                     f"wants {req.name}{req.specifier}")
 
 
-def _check_lock(lock: Any, spec: PipelineSpec, out: _Collector) -> None:
+def _check_lock(lock: Any, registry: Registry, out: _Collector) -> None:
     if lock is None:
         return
     if not isinstance(lock, Mapping):
         out.add("lock", f"must be a table of distribution = version, got {_type_name(lock)}")
         return
+    # The versions of the plugins that are actually loaded come first; metadata
+    # covers distributions that provide no component of this pipeline.
+    loaded = {r.provider.dist: r.provider.version for r in registry.plugins}
     for dist, version in lock.items():
         try:
-            installed = metadata.version(dist)
+            installed = loaded.get(dist) or metadata.version(dist)
         except metadata.PackageNotFoundError:
             out.add(f"lock.{dist}", f"locked {dist} {version} is not installed")
             continue
@@ -323,9 +326,9 @@ class _SpecBuilder:
         config = self.config(comp.config_cls, params, path, extra_keys=extra.keys())
         if config is None:
             return None
-        return ComponentSpec(kind=kind, name=name.split(">")[-1].strip(), config=config,
-                             path=path, dist=comp.provider.dist,
-                             version=comp.provider.version, extra=extra)
+        return ComponentSpec(kind=kind, name=comp.name, config=config, path=path,
+                             dist=comp.provider.dist, version=comp.provider.version,
+                             extra=extra, qualified=">" in name)
 
     def config(self, cls: type, table: Mapping[str, Any], path: str,
                extra_keys: Any = ()) -> Any:

@@ -38,6 +38,12 @@ import pluggy
 
 PROJECT_NAME = "gradpipe"
 
+#: The plugin API this gradpipe provides. A plugin module may declare the API it
+#: was built for as ``GRADPIPE_PLUGIN_API = 1``; a different value is refused at
+#: load time with a message naming both. Specs only grow compatibly within a
+#: version (new hooks, appended arguments).
+PLUGIN_API_VERSION = 1
+
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
@@ -78,7 +84,8 @@ def gradpipe_register_transforms(register: RegisterFn) -> None:
             factor = gradpipe.hyper(cfg.factor)
             def update(grads, state, variables):
                 f = factor()
-                return [None if g is None else g * f for g in grads], state
+                return gradpipe.map_grads(lambda g: g * tf.cast(f, g.dtype),
+                                          grads), state
             return gradpipe.Transform(gradpipe.no_state, update)
 
         @gradpipe.hookimpl

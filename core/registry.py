@@ -110,7 +110,9 @@ class Registry:
         self.pm = pm or pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.components: dict[tuple[str, str], Component] = {}
-        self.conflicts: dict[tuple[str, str], list[Provider]] = {}
+        # Later providers of a name already taken: the bare name becomes ambiguous
+        # (an error naming every provider) and "dist>name" picks one.
+        self.shadowed: dict[tuple[str, str], list[Component]] = {}
         self.plugins: list[PluginRecord] = []
 
     # -- loading -----------------------------------------------------------
@@ -164,6 +166,11 @@ class Registry:
             record.import_seconds = time.perf_counter() - start
             return self._fail(record, f"import failed: {type(exc).__name__}: {exc}")
         record.import_seconds = time.perf_counter() - start
+        wanted = getattr(plugin, "GRADPIPE_PLUGIN_API", hookspecs.PLUGIN_API_VERSION)
+        if wanted != hookspecs.PLUGIN_API_VERSION:
+            return self._fail(record, f"built for gradpipe plugin API {wanted!r}, but this "
+                              f"gradpipe provides API {hookspecs.PLUGIN_API_VERSION}: install "
+                              f"a version of {provider.dist} made for it")
         try:
             self.pm.register(plugin, name=f"{provider.dist}:{name}")
             self.pm.check_pending()
@@ -172,28 +179,27 @@ class Registry:
             return self._fail(record, f"invalid hook implementation: {_hook_hint(exc)}")
         record.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
         added: list[Component] = []
+        conflicts: list[str] = []
         try:
             for hook_name in record.hooks:
                 kind = HOOK_KINDS[hook_name]
                 for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                     if impl.plugin is plugin:
-                        impl.function(register=self._register_fn(kind, provider, added))
-        except _Conflict as exc:
-            record.status = "conflict"
-            record.error = str(exc)
-            self._rollback(added, record)
-            self._unregister(plugin)
-            return record
+                        impl.function(register=self._register_fn(kind, provider, added,
+                                                                 conflicts))
         except Exception as exc:
             self._rollback(added, record)
             self._unregister(plugin)
             return self._fail(record, f"registration failed: {type(exc).__name__}: {exc}")
         for comp in added:
             record.components.setdefault(comp.kind, []).append(comp.name)
+        if conflicts:
+            record.status = "conflict"
+            record.error = "; ".join(conflicts)
         return record
 
     def _register_fn(
-        self, kind: str, provider: Provider, added: list[Component]
+        self, kind: str, provider: Provider, added: list[Component], conflicts: list[str]
     ) -> Callable[[str, Callable[..., Any], type], None]:
         def register(name: str, factory: Callable[..., Any], config_cls: type) -> None:
             if not isinstance(name, str) or not name.isidentifier():
@@ -206,29 +212,32 @@ class Registry:
                     f"got {config_cls!r}"
                 )
             key = (kind, name)
-            other = self.components.get(key)
-            if other is not None or any(c.name == name and c.kind == kind for c in added):
-                first = other.provider if other else provider
-                self.conflicts[key] = [first, provider]
-                raise _Conflict(
-                    f"{kind} {name!r} is registered twice: by {first} and by "
-                    f"{provider}. Uninstall one, or block one with "
-                    f"GRADPIPE_DISABLED_PLUGINS={provider.entry_point}"
-                )
             comp = Component(
                 kind=kind, name=name, factory=factory, config_cls=config_cls,
                 provider=provider,
             )
             added.append(comp)
-            self.components[key] = comp
+            if key in self.components:
+                first = self.components[key].provider
+                self.shadowed.setdefault(key, []).append(comp)
+                conflicts.append(
+                    f"{kind} {name!r} is registered twice: by {first} and by {provider}; "
+                    f"pipelines must now write '{first.dist}>{name}' or "
+                    f"'{provider.dist}>{name}', or you can block one with "
+                    f"GRADPIPE_DISABLED_PLUGINS={provider.entry_point}")
+            else:
+                self.components[key] = comp
 
         return register
 
     def _rollback(self, added: list[Component], record: PluginRecord) -> None:
         for comp in added:
             record.attempted.append(comp.name)
-            if self.components.get((comp.kind, comp.name)) is comp:
-                del self.components[(comp.kind, comp.name)]
+            key = (comp.kind, comp.name)
+            if self.components.get(key) is comp:
+                del self.components[key]
+            if comp in self.shadowed.get(key, []):
+                self.shadowed[key].remove(comp)
 
     def _unregister(self, plugin: object) -> None:
         # pluggy keeps a plugin whose validation failed; roll it back ourselves.
@@ -258,15 +267,20 @@ class Registry:
         if ">" in name:
             dist, name = (part.strip() for part in name.split(">", 1))
         key = (kind, name)
-        if key in self.conflicts:
-            first, second = self.conflicts[key]
+        providers = ([self.components[key]] if key in self.components else []) + \
+            self.shadowed.get(key, [])
+        if dist is not None:
+            for comp in providers:
+                if comp.provider.dist == dist:
+                    return comp
+        elif len(providers) == 1:
+            return providers[0]
+        elif len(providers) > 1:
             raise PluginError(
-                f"{kind} {name!r} is provided by two plugins, {first} and {second}; "
-                "refusing to pick one"
-            )
-        comp = self.components.get(key)
-        if comp is not None and (dist is None or comp.provider.dist == dist):
-            return comp
+                f"{kind} {name!r} is provided by several plugins: "
+                + " and ".join(str(c.provider) for c in providers)
+                + "; refusing to pick one. Write "
+                + " or ".join(f"'{c.provider.dist}>{name}'" for c in providers))
         raise PluginError(self.unknown_message(kind, name, dist))
 
     def unknown_message(self, kind: str, name: str, dist: str | None = None) -> str:
@@ -284,10 +298,6 @@ class Registry:
                 f"{r.provider} ({r.error})" for r in failed
             )
         return message + f". Known: {', '.join(self.names(kind)) or 'none'}"
-
-
-class _Conflict(Exception):
-    pass
 
 
 def _iter_entry_points(group: str) -> Iterator[tuple[Any, Any]]:

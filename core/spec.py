@@ -34,6 +34,7 @@ class ComponentSpec:
         dist: distribution that provides the component.
         version: version of that distribution.
         extra: engine-level keys of the table (e.g. ``variables``).
+        qualified: the file named it ``dist>name``; written back that way.
     """
 
     kind: str
@@ -43,9 +44,11 @@ class ComponentSpec:
     dist: str = ""
     version: str = ""
     extra: dict[str, Any] = attrs.field(factory=dict)
+    qualified: bool = False
 
     def to_mapping(self) -> dict[str, Any]:
-        table: dict[str, Any] = {"kind": self.name}
+        table: dict[str, Any] = {"kind": f"{self.dist}>{self.name}" if self.qualified
+                                 else self.name}
         for field in attrs.fields(type(self.config)):
             value = getattr(self.config, field.name)
             if value is None:

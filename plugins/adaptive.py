@@ -28,6 +28,8 @@ class AdagradConfig:
         epsilon: added inside the square root.
     """
 
+    example: ClassVar[dict] = {"learning_rate": 0.5}
+
     update_rule: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.001, validator=non_negative())
@@ -84,6 +86,8 @@ class RMSpropConfig:
         epsilon: added to the denominator.
         centered: divide by the centred (variance) estimate.
     """
+
+    example: ClassVar[dict] = {"learning_rate": 0.01}
 
     update_rule: ClassVar[bool] = True
 
@@ -151,6 +155,8 @@ class FtrlConfig:
         l2_shrinkage_regularization_strength: magnitude penalty (L2 shrinkage).
         beta: the beta of the FTRL paper; adds ``beta / (2 lr)`` to L2.
     """
+
+    example: ClassVar[dict] = {"learning_rate": 0.5}
 
     update_rule: ClassVar[bool] = True
 

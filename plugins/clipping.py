@@ -40,6 +40,8 @@ class ClipNormConfig:
         clip_norm: the largest norm allowed (> 0; a number or a schedule).
     """
 
+    example: ClassVar[dict] = {"clip_norm": 1.0}
+
     gradient_clipping: ClassVar[bool] = True
 
     clip_norm: Any = hyperparameter(validator=positive())
@@ -89,6 +91,8 @@ class ClipValueConfig:
         clip_value_min: lower bound of every gradient element.
         clip_value_max: upper bound; must be >= ``clip_value_min``.
     """
+
+    example: ClassVar[dict] = {"clip_value_min": -0.5, "clip_value_max": 0.5}
 
     gradient_clipping: ClassVar[bool] = True
 

@@ -38,6 +38,8 @@ class ClippyAdagradConfig:
             classical Adagrad does (the default accumulates after it).
     """
 
+    example: ClassVar[dict] = {"learning_rate": 1.0}
+
     update_rule: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.001, validator=non_negative())

@@ -8,7 +8,7 @@ step-0 comparison fixed by default), ``gradient_norm_below`` and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -57,6 +57,8 @@ class LossNotDecreasingConfig:
         window_size: effective window of the moving average (or a list).
         min_num_steps: never converged before this step.
     """
+
+    example: ClassVar[dict] = {"atol": 0.01}
 
     atol: float | tuple[float, ...] | None = None
     rtol: float | tuple[float, ...] | None = None
@@ -151,6 +153,8 @@ class ToleranceConfig:
         tolerance: converged when the global L2 norm is below this.
         min_num_steps: never converged before this step.
     """
+
+    example: ClassVar[dict] = {"tolerance": 1e-3}
 
     tolerance: float = attrs.field(validator=positive())
     min_num_steps: int = attrs.field(default=0, validator=non_negative())

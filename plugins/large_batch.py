@@ -29,6 +29,8 @@ class LarcConfig:
         learning_rate: the update rule's learning rate (``"@lr"``); needed by ``clip``.
     """
 
+    example: ClassVar[dict] = {"eta": 0.002, "learning_rate": 0.1}
+
     conflicts: ClassVar[dict[str, str]] = {
         "clip_by_global_norm": "LARC and gradient norm clipping should not be used "
                                "together (OpenSeq2Seq raises AttributeError)"}
@@ -84,6 +86,8 @@ class LambConfig:
         epsilon: added to the root of the second moment.
     """
 
+    example: ClassVar[dict] = {"learning_rate": 0.05}
+
     update_rule: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.001, validator=non_negative())
@@ -128,7 +132,8 @@ def lamb(cfg: LambConfig) -> Transform:
             direction = m_hat / v_sqrt
             w_norm = tf.sqrt(tf.reduce_sum(tf.square(value_of(var, dtype))))
             u_norm = tf.sqrt(tf.reduce_sum(tf.square(direction)))
-            ratio = tf.where(w_norm > 0, tf.where(u_norm > 0, w_norm / u_norm, 1.0), 1.0)
+            one = tf.ones_like(w_norm)
+            ratio = tf.where(w_norm > 0, tf.where(u_norm > 0, w_norm / u_norm, one), one)
             updates.append(ratio * tf.cast(lr(), dtype) * direction)
         return updates, MomentsState(count, mus, nus)
 
@@ -147,6 +152,8 @@ class LarsConfig:
         epsilon: added to the gradient norm.
         nesterov: Nesterov form of the momentum.
     """
+
+    example: ClassVar[dict] = {"learning_rate": 1.0, "trust_coefficient": 0.02}
 
     update_rule: ClassVar[bool] = True
 
@@ -182,7 +189,7 @@ def lars(cfg: LarsConfig) -> Transform:
             g = tf.cast(dense(g), dtype) + tf.cast(wd(), dtype) * w
             w_norm, g_norm = tf.norm(w), tf.norm(g)
             ratio = cfg.trust_coefficient * w_norm / (g_norm + cfg.epsilon)
-            ratio = tf.where(tf.logical_or(w_norm == 0, g_norm == 0), 1.0, ratio)
+            ratio = tf.where(tf.logical_or(w_norm == 0, g_norm == 0), tf.ones_like(ratio), ratio)
             u = tf.cast(lr(), dtype) * ratio * g
             m = tf.cast(mom(), dtype)
             traces[i] = u + m * traces[i]

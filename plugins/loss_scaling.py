@@ -8,7 +8,7 @@ reproduces Keras 3 ``LossScaleOptimizer``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -35,6 +35,8 @@ class FixedConfig:
     Attributes:
         loss_scale_value: the constant scale, at least 1.
     """
+
+    example: ClassVar[dict] = {"loss_scale_value": 128.0}
 
     loss_scale_value: float = attrs.field()
 

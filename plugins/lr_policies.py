@@ -16,7 +16,7 @@ reference behaviour stays the default and a clearly named option corrects it:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -50,6 +50,9 @@ class PiecewiseConfig:
         decay_rates: after boundary ``i`` the value is ``learning_rate * decay_rates[i]``.
         steps_per_epoch: when set, boundaries are in epochs.
     """
+
+    example: ClassVar[dict] = {"learning_rate": 0.1, "boundaries": [10, 20],
+                               "decay_rates": [0.5, 0.1]}
 
     learning_rate: float = attrs.field(validator=non_negative())
     boundaries: tuple[float, ...] = attrs.field(validator=increasing())
@@ -93,6 +96,8 @@ class ExpDecayConfig:
         min_lr: floor of the result.
     """
 
+    example: ClassVar[dict] = {"learning_rate": 0.1, "decay_steps": 10, "decay_rate": 0.5}
+
     learning_rate: float = attrs.field(validator=non_negative())
     decay_steps: int = attrs.field(validator=positive())
     decay_rate: float = attrs.field(validator=positive())
@@ -134,6 +139,8 @@ class PolyDecayConfig:
         absolute_min_lr: ``cosine_decay`` only: ``min_lr`` is an absolute floor
             (corrects the reference).
     """
+
+    example: ClassVar[dict] = {"learning_rate": 0.1, "decay_steps": 100, "warmup_steps": 10}
 
     learning_rate: float = attrs.field(validator=non_negative())
     decay_steps: int = attrs.field(validator=positive())
@@ -193,6 +200,8 @@ class TransformerConfig:
         coefficient: an extra multiplier.
     """
 
+    example: ClassVar[dict] = {"learning_rate": 2.0, "d_model": 512, "warmup_steps": 100}
+
     learning_rate: float = attrs.field(validator=non_negative())
     d_model: int = attrs.field(validator=positive())
     warmup_steps: int = attrs.field(validator=positive())
@@ -227,6 +236,8 @@ class InvPolyConfig:
         apply_warmup: honour ``warmup_steps`` and ``begin_decay_at`` as
             ``poly_decay`` does (corrects the reference).
     """
+
+    example: ClassVar[dict] = {"learning_rate": 0.1, "decay_steps": 100, "min_lr": 0.001}
 
     learning_rate: float = attrs.field(validator=positive())
     decay_steps: int = attrs.field(validator=positive())

@@ -31,6 +31,8 @@ class SGDConfig:
         nesterov: use Nesterov momentum.
     """
 
+    example: ClassVar[dict] = {"learning_rate": 0.001, "momentum": 0.9}
+
     update_rule: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.01, validator=non_negative())
@@ -93,6 +95,8 @@ class AdamConfig:
         epsilon: added to the root of the second moment.
         amsgrad: use the running maximum of the second moment.
     """
+
+    example: ClassVar[dict] = {"learning_rate": 0.05}
 
     update_rule: ClassVar[bool] = True
 

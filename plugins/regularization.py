@@ -27,6 +27,8 @@ class L2Config:
         l2: strength; the gradient becomes ``g + l2 * w``.
     """
 
+    example: ClassVar[dict] = {"l2": 0.01}
+
     l2: Any = hyperparameter(validator=non_negative())
 
 
@@ -58,6 +60,8 @@ class WeightDecayConfig:
         learning_rate: multiplies the decay (Keras/AdamW: the update rule's
             learning rate, e.g. ``"@lr"``); 1.0 decays by ``weight_decay`` alone.
     """
+
+    example: ClassVar[dict] = {"weight_decay": 0.01}
 
     after_update_rule: ClassVar[bool] = True
 

@@ -10,7 +10,7 @@ any shape to float32 values with TensorFlow ops only.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -38,6 +38,8 @@ class FixedLrConfig:
         learning_rate: the value returned at every step.
     """
 
+    example: ClassVar[dict] = {"learning_rate": 0.1}
+
     learning_rate: float
 
 
@@ -53,6 +55,8 @@ class ConstantConfig:
     Attributes:
         value: the value returned at every step.
     """
+
+    example: ClassVar[dict] = {"value": 0.1}
 
     value: float
 
@@ -72,6 +76,8 @@ class LinearConfig:
         steps: length of the ramp.
         begin: the step where the ramp starts.
     """
+
+    example: ClassVar[dict] = {"start": 0.1, "end": 0.01, "steps": 100}
 
     start: float
     end: float
@@ -101,6 +107,8 @@ class CosineConfig:
         warmup_init: the value at step 0.
         min_lr: the floor, in learning-rate units, reached after the decay.
     """
+
+    example: ClassVar[dict] = {"learning_rate": 0.1, "decay_steps": 100, "warmup_steps": 10}
 
     learning_rate: float = attrs.field(validator=non_negative())
     decay_steps: int = attrs.field(validator=positive())
@@ -140,6 +148,8 @@ class WarmupConfig:
         init_value: the value at step 0; the ramp ends at ``after(0)``.
     """
 
+    example: ClassVar[dict] = {"warmup_steps": 10, "after": {"kind": "constant", "value": 0.1}}
+
     after: Any = schedule_field()
     warmup_steps: int = attrs.field(validator=at_least(1))
     init_value: float = 0.0
@@ -170,6 +180,11 @@ class SequenceConfig:
         boundaries: ``n - 1`` increasing steps; schedule ``i`` runs from
             ``boundaries[i-1]`` and sees ``step - boundaries[i-1]``.
     """
+
+    example: ClassVar[dict] = {
+        "schedules": [{"kind": "constant", "value": 0.1},
+                      {"kind": "linear", "start": 0.1, "end": 0.0, "steps": 50}],
+        "boundaries": [20]}
 
     schedules: Any = schedule_field()
     boundaries: tuple[int, ...] = attrs.field(validator=increasing())

@@ -177,3 +177,13 @@ def test_parse_does_not_import_tensorflow(write_toml):
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_lock_that_does_not_match_installed_versions():
+    """A [lock] from another environment names each distribution that differs."""
+    with pytest.raises(ConfigError) as info:
+        gradpipe.parse({"lock": {"gradpipe": "0.0.1", "gradpipe-nothing": "1.0"},
+                        "transforms": [{"kind": "sgd"}]})
+    found = problems(info.value)
+    assert "locked gradpipe 0.0.1, but 0.1.0 is installed" in found["lock.gradpipe"][1]
+    assert "is not installed" in found["lock.gradpipe-nothing"][1]

@@ -48,3 +48,43 @@ def test_every_cli_command_is_documented():
     commands = _parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     for name in commands:
         assert f"## `gradpipe {name}" in text, name
+
+
+def test_plugin_guide_snippets_run(tmp_path):
+    """Every python/toml snippet of the plugin-author guide runs or validates."""
+    import types
+
+    import tomllib
+
+    import gradpipe
+    from gradpipe.registry import Provider, get_registry
+
+    text = (ROOT / "docs" / "plugin-guide.md").read_text()
+    blocks = re.findall(r"```(python|toml|bash)\n(.*?)```", text, re.S)
+    python = [code for lang, code in blocks if lang == "python"]
+    module = types.ModuleType("gradpipe_scale_guide")
+    exec(compile(python[0], "plugin-guide.md", "exec"), module.__dict__)
+    assert module.GRADPIPE_PLUGIN_API == gradpipe.PLUGIN_API_VERSION
+    registry = get_registry()
+    if ("transform", "scale") not in registry.components:
+        record = registry.register_plugin(module, Provider(dist="gradpipe-scale",
+                                                           version="0.1.0",
+                                                           entry_point="scale"))
+        assert record.status == "loaded", record.error
+    for lang, code in blocks:
+        if lang == "toml":
+            data = tomllib.loads(code)
+            if "transforms" in data:
+                data.get("gradpipe", {}).pop("require", None)  # not pip-installed here
+                gradpipe.parse(data)
+            else:
+                assert data["project"]["entry-points"]["gradpipe"]["scale"] == \
+                    "gradpipe_scale"
+    contract = types.ModuleType("guide_contract")
+    exec(compile(python[1], "plugin-guide.md", "exec"), contract.__dict__)
+    cases = contract.contract_cases(dist="gradpipe-scale")
+    assert cases == [("transform", "scale")]
+    for kind, name in cases:
+        contract.test_contract(kind, name)  # the parametrized test, called directly
+    bash = next(code for lang, code in blocks if lang == "bash")
+    assert "gradpipe new-plugin scale" in bash

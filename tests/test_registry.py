@@ -97,7 +97,25 @@ class TestLoading:
             except PluginError as e:
                 print("PluginError:", e)
         """)
-        assert "PluginError: transform 'scale' is provided by two plugins" in result.stdout
+        assert "PluginError: transform 'scale' is provided by several plugins" in result.stdout
+        assert "'gradpipe-one>scale' or 'gradpipe-two>scale'" in result.stdout
+
+    def test_qualified_name_picks_a_provider(self, fake_dists):
+        """`dist>name` selects one of two clashing plugins and survives to_toml()."""
+        fake_dists.add("gradpipe-one", "1.0", {"one": "gp_one"},
+                       {"gp_one": GOOD.format(name="scale")})
+        fake_dists.add("gradpipe-two", "2.0", {"two": "gp_two"},
+                       {"gp_two": GOOD.format(name="scale")})
+        result = fake_dists.run("""
+            import gradpipe
+            spec = gradpipe.parse({"transforms": [{"kind": "gradpipe-two>scale"},
+                                                  {"kind": "sgd"}]})
+            print(spec.transforms[0].dist, spec.transforms[0].version)
+            print(spec.to_toml())
+        """)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("gradpipe-two 2.0")
+        assert 'kind = "gradpipe-two>scale"' in result.stdout
 
     def test_conflict_with_builtin(self, fake_dists):
         fake_dists.add("gradpipe-evil", "1.0", {"evil": "gp_evil"},
@@ -152,3 +170,13 @@ class TestSwitches:
         data = two_plugins.registry_json({"GRADPIPE_DISABLE_PLUGIN_AUTOLOAD": "1"})
         assert "adam" in data["transforms"]
         assert not {"scale_one", "scale_two"} & set(data["transforms"])
+
+
+def test_wrong_plugin_api_version_is_refused(fake_dists):
+    code = "\n    GRADPIPE_PLUGIN_API = 2" + GOOD.format(name="future")
+    fake_dists.add("gradpipe-future", "3.0", {"future": "gp_future"}, {"gp_future": code})
+    data = fake_dists.registry_json()
+    record = by_entry_point(data)["future"]
+    assert record["status"] == "failed" and "future" not in data["transforms"]
+    assert "built for gradpipe plugin API 2, but this gradpipe provides API 1" in \
+        record["error"]

@@ -43,3 +43,11 @@ def test_small_gradients_untouched():
 def test_bad_clipping_is_config_error():
     with pytest.raises(gradpipe.ConfigError, match=r"transforms\[0\].clipping: must be > 0"):
         gradpipe.build({"transforms": [{"kind": "agc", "clipping": -1.0}]})
+
+
+@pytest.mark.parametrize("kind, name", __import__("gradpipe.testing", fromlist=["x"])
+                         .contract_cases(dist="gradpipe-agc"))
+def test_contract(kind, name):
+    from gradpipe.testing import check_component
+
+    check_component(kind, name)
