@@ -122,7 +122,7 @@ def import_tensorflow_quietly(spec: Any = None) -> None:
 def cmd_plugins(args: argparse.Namespace) -> int:
     from .registry import get_registry
 
-    registry = get_registry()
+    registry = get_registry().load_all()
     records = [r for r in registry.plugins if args.all or not r.builtin]
     if args.hook:
         from .errors import did_you_mean

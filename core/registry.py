@@ -114,11 +114,23 @@ class Registry:
         # (an error naming every provider) and "dist>name" picks one.
         self.shadowed: dict[tuple[str, str], list[Component]] = {}
         self.plugins: list[PluginRecord] = []
+        # Lazy loading: plugins not imported yet, and which of them provide a name.
+        self.deferred: dict[tuple[str, str], tuple[Any, Provider]] = {}
+        self.index: dict[tuple[str, str], list[tuple[str, str]]] = {}
 
     # -- loading -----------------------------------------------------------
 
-    def load_entry_points(self, group: str = hookspecs.PROJECT_NAME) -> None:
-        """Load every allowed entry point of ``group``, one at a time."""
+    def load_entry_points(self, group: str = hookspecs.PROJECT_NAME,
+                          lazy: bool = True) -> None:
+        """Load the allowed entry points of ``group``, one at a time.
+
+        With ``lazy``, a plugin whose distribution lists its components in the
+        ``gradpipe.components`` group (``"kind.name" = "module"``) is not imported
+        until a pipeline names one of them (or an unknown name is looked up);
+        the others load now.
+        """
+        index = _component_index(f"{group}.components") if lazy else {}
+        indexed_modules = {(dist, module) for dist, module in index.values()}
         strict = _env_flag("GRADPIPE_STRICT_PLUGINS")
         builtins_only = _env_flag("GRADPIPE_DISABLE_PLUGIN_AUTOLOAD")
         allow = _env_list("GRADPIPE_PLUGINS")
@@ -144,9 +156,30 @@ class Registry:
                     provider=provider, status="blocked", error=f"blocked by {blocked_by}"
                 ))
                 continue
-            record = self._load_one(ep.name, ep.load, provider)
-            if strict and record.status in ("failed", "conflict"):
-                raise PluginError(f"plugin {provider} failed: {record.error}")
+            if (provider.dist, provider.value) in indexed_modules:
+                self.deferred[(provider.dist, provider.value)] = (ep, provider)
+                continue
+            self._load_and_check(ep, provider, strict)
+        for key, (dist, module) in index.items():
+            if (dist, module) in self.deferred:
+                self.index.setdefault(key, []).append((dist, module))
+
+    def _load_and_check(self, ep: Any, provider: Provider, strict: bool) -> None:
+        record = self._load_one(ep.name, ep.load, provider)
+        if strict and record.status in ("failed", "conflict"):
+            raise PluginError(f"plugin {provider} failed: {record.error}")
+
+    def _load_deferred(self, keys: list[tuple[str, str]]) -> None:
+        strict = _env_flag("GRADPIPE_STRICT_PLUGINS")
+        for key in keys:
+            if key in self.deferred:
+                ep, provider = self.deferred.pop(key)
+                self._load_and_check(ep, provider, strict)
+
+    def load_all(self) -> Registry:
+        """Import every deferred plugin (listing statuses, contract suites)."""
+        self._load_deferred(list(self.deferred))
+        return self
 
     def register_plugin(self, plugin: object, provider: Provider) -> PluginRecord:
         """Register an already imported plugin object (tests, embedding apps)."""
@@ -256,7 +289,11 @@ class Registry:
     # -- lookup ------------------------------------------------------------
 
     def names(self, kind: str) -> list[str]:
-        return sorted(name for (k, name) in self.components if k == kind)
+        """Every known name of ``kind``, including those of plugins not imported yet."""
+        loaded = {name for (k, name) in self.components if k == kind}
+        pending = {name for (k, name), owners in self.index.items()
+                   if k == kind and any(o in self.deferred for o in owners)}
+        return sorted(loaded | pending)
 
     def get(self, kind: str, name: str) -> Component:
         """The component ``name`` of ``kind``, or a ``PluginError`` saying why not.
@@ -267,6 +304,9 @@ class Registry:
         if ">" in name:
             dist, name = (part.strip() for part in name.split(">", 1))
         key = (kind, name)
+        self._load_deferred(self.index.get(key, []))
+        if key not in self.components and self.deferred:
+            self.load_all()  # an incomplete index must not hide a name
         providers = ([self.components[key]] if key in self.components else []) + \
             self.shadowed.get(key, [])
         if dist is not None:
@@ -284,8 +324,10 @@ class Registry:
         raise PluginError(self.unknown_message(kind, name, dist))
 
     def unknown_message(self, kind: str, name: str, dist: str | None = None) -> str:
+        owners = set(self.index.get((kind, name), []))
         for record in self.plugins:
-            if name in record.attempted:
+            owns = (record.provider.dist, record.provider.value) in owners
+            if name in record.attempted or (owns and record.status == "failed"):
                 return (f"{kind} {name!r} comes from plugin {record.provider}, which "
                         f"failed to load: {record.error}")
         if dist is not None and (kind, name) in self.components:
@@ -318,6 +360,16 @@ def _iter_entry_points(group: str) -> Iterator[tuple[Any, Any]]:
     found.sort(key=lambda p: (p[1].metadata["Name"] != BUILTIN_DIST,
                               p[1].metadata["Name"] or "", p[0].name))
     yield from found
+
+
+def _component_index(group: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """``(kind, name) -> (distribution, module)`` from ``kind.name = module`` entries."""
+    index: dict[tuple[str, str], tuple[str, str]] = {}
+    for ep, dist in _iter_entry_points(group):
+        kind, _, name = ep.name.partition(".")
+        if kind in KIND_HOOKS and name:
+            index[(kind, name)] = (dist.metadata["Name"] or "", ep.value)
+    return index
 
 
 def _hook_hint(exc: Exception) -> str:

@@ -35,7 +35,7 @@ class ContractError(AssertionError):
 def contract_cases(kinds: tuple[str, ...] = CHECKED_KINDS, dist: str | None = None
                    ) -> list[tuple[str, str]]:
     """``(kind, name)`` of every registered component (of one distribution)."""
-    registry = get_registry()
+    registry = get_registry().load_all()
     return sorted((kind, name) for (kind, name), comp in registry.components.items()
                   if kind in kinds and (dist is None or comp.provider.dist == dist))
 

@@ -66,7 +66,7 @@ def _attribute_docs(cls: type) -> dict[str, str]:
 
 
 def render() -> str:
-    registry = get_registry()
+    registry = get_registry().load_all()
     out = ["# Component reference", "",
            "Generated from the installed registry by `docs/gen_reference.py`; do not edit.",
            "Every parameter below is a key of the component's TOML table.", ""]

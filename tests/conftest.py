@@ -74,7 +74,7 @@ class FakeDist:
         result = self.run("""
             import json
             from gradpipe.registry import get_registry
-            r = get_registry()
+            r = get_registry().load_all()
             print(json.dumps({"plugins": [p.as_dict() for p in r.plugins],
                               "transforms": r.names("transform")}))
         """, env)

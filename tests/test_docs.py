@@ -78,8 +78,11 @@ def test_plugin_guide_snippets_run(tmp_path):
                 data.get("gradpipe", {}).pop("require", None)  # not pip-installed here
                 gradpipe.parse(data)
             else:
-                assert data["project"]["entry-points"]["gradpipe"]["scale"] == \
+                groups = data["project"]["entry-points"]
+                assert groups.get("gradpipe", {}).get("scale", "gradpipe_scale") == \
                     "gradpipe_scale"
+                assert groups.get("gradpipe.components", {}).get(
+                    "transform.scale", "gradpipe_scale") == "gradpipe_scale"
     contract = types.ModuleType("guide_contract")
     exec(compile(python[1], "plugin-guide.md", "exec"), contract.__dict__)
     cases = contract.contract_cases(dist="gradpipe-scale")

@@ -118,10 +118,14 @@ class TestLoading:
         assert 'kind = "gradpipe-two>scale"' in result.stdout
 
     def test_conflict_with_builtin(self, fake_dists):
+        """Whichever provider comes second is flagged; the message names both."""
         fake_dists.add("gradpipe-evil", "1.0", {"evil": "gp_evil"},
                        {"gp_evil": GOOD.format(name="adam")})
         data = fake_dists.registry_json()
-        assert by_entry_point(data)["evil"]["status"] == "conflict"
+        flagged = [p for p in data["plugins"] if p["status"] == "conflict"]
+        assert len(flagged) == 1
+        assert "gradpipe-evil 1.0" in flagged[0]["error"]
+        assert "(entry point 'optimizers')" in flagged[0]["error"]
 
     def test_misspelt_hook_fails_loudly(self, fake_dists):
         """check_pending: an unknown hook name fails the plugin with a suggestion."""
@@ -180,3 +184,40 @@ def test_wrong_plugin_api_version_is_refused(fake_dists):
     assert record["status"] == "failed" and "future" not in data["transforms"]
     assert "built for gradpipe plugin API 2, but this gradpipe provides API 1" in \
         record["error"]
+
+
+class TestLazyLoading:
+    def test_a_pipeline_imports_only_the_plugins_it_names(self):
+        """parse() of an sgd pipeline imports neither other built-ins nor contrib plugins."""
+        import subprocess
+        import sys
+
+        code = ("import sys, gradpipe; gradpipe.parse({'transforms': [{'kind': 'sgd'}]}); "
+                "print(sorted(m for m in sys.modules if 'gradpipe' in m))")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        modules = result.stdout
+        assert "gradpipe.plugins.optimizers" in modules
+        for absent in ("gradpipe.plugins.clippy_adagrad", "gradpipe.plugins.convergence",
+                       "gradpipe_agc", "gradpipe_ema", "tensorflow"):
+            assert absent not in modules, absent
+
+    def test_index_matches_what_the_modules_register(self):
+        """The gradpipe.components index can never drift from the real registrations."""
+        from gradpipe.registry import Registry, _component_index
+
+        index = {key: dist for key, (dist, _) in _component_index(
+            "gradpipe.components").items()}
+        eager = Registry()
+        eager.load_entry_points(lazy=False)
+        registered = {key: comp.provider.dist for key, comp in eager.components.items()
+                      if comp.provider.dist in set(index.values())}
+        assert index == registered
+
+    def test_names_of_unimported_plugins_are_known(self):
+        from gradpipe.registry import Registry
+
+        lazy = Registry()
+        lazy.load_entry_points()
+        assert "clippy_adagrad" in lazy.names("transform")
+        assert ("transform", "clippy_adagrad") not in lazy.components
+        assert lazy.get("transform", "clippy_adagrad").name == "clippy_adagrad"
