@@ -111,15 +111,20 @@ class _Collector:
                                      line=self.line(path)))
 
     def line(self, path: str) -> int | None:
-        probe = path
-        while probe:
-            if probe in self.lines:
-                return self.lines[probe]
-            cut = max(probe.rfind("."), probe.rfind("["))
-            if cut <= 0:
-                break
-            probe = probe[:cut]
-        return self.lines.get(probe)
+        return line_for(self.lines, path)
+
+
+def line_for(lines: Mapping[str, int], path: str) -> int | None:
+    """The line of ``path``, or of its nearest enclosing key that has one."""
+    probe = path
+    while probe:
+        if probe in lines:
+            return lines[probe]
+        cut = max(probe.rfind("."), probe.rfind("["))
+        if cut <= 0:
+            break
+        probe = probe[:cut]
+    return lines.get(probe)
 
 
 def parse_mapping(
@@ -158,6 +163,7 @@ def parse_mapping(
             loss_scale=loss_scale, schedules=schedules,
             options=options or PipelineOptions(), transforms=tuple(transforms),
             convergence=tuple(convergence), problem=problem, source=file,
+            lines=dict(lines or {}),
         )
         _check_lock(data.get("lock"), registry, out)
     if out.problems:

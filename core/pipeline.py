@@ -76,6 +76,9 @@ class Pipeline(tf.Module):
                 self._scheduled = scheduled_hyperparameters(spec)
         self._state = StateStore(self, spec)
         self._pre_reduce = self._clipping_before_reduce()
+        # One XLA function for the whole update: fusion across every variable.
+        self._compiled_step = (tf.function(self._step, jit_compile=True, autograph=False)
+                               if spec.options.jit_compile else None)
 
     # -- public API --------------------------------------------------------
 
@@ -183,6 +186,13 @@ class Pipeline(tf.Module):
         """Create all state for ``variables`` now (also done on first use)."""
         if self.placement is not None and self.strategy.num_replicas_in_sync > 1:
             self.placement.check_can_update_mirrored()
+            if self._compiled_step is not None:
+                from .errors import PlacementError
+
+                raise PlacementError(
+                    "[pipeline] jit_compile = true compiles the update for one device; "
+                    f"this placement has {self.strategy.num_replicas_in_sync} replicas. "
+                    "Compile the whole replica step instead, or turn jit_compile off")
         if self._state.built:
             return
         self._state.build(list(variables))
@@ -227,6 +237,8 @@ class Pipeline(tf.Module):
             if self._pre_reduce:  # clip_before_reduce: clip each replica's gradients
                 grads = self._run_chain(grads, only=self._pre_reduce)[0]
             grads = self.placement.reduce(grads)  # once, batched
+        if self._compiled_step is not None:
+            return self._compiled_step(grads)
         return self._step(grads)
 
     def _clipping_before_reduce(self) -> set[int]:
@@ -259,7 +271,8 @@ class Pipeline(tf.Module):
         else:
             applied = tf.cond(finite, lambda: self._update(grads), lambda: tf.constant(False))
         with tf.control_dependencies([applied]):
-            write_step_summaries(self)
+            if self._compiled_step is None:  # XLA cannot compile summary ops
+                write_step_summaries(self)
             return tf.identity(applied)
 
     def _accumulate(self, grads: list[Any], finite: tf.Tensor, k: int) -> tf.Tensor:
@@ -311,7 +324,9 @@ class Pipeline(tf.Module):
         updates, new_states = self._run_chain(grads, skip=self._pre_reduce)
         # A NaN/Inf born inside the chain (0/0 in a trust ratio, an overflow) must not
         # reach the weights either: such a step is skipped like a non-finite gradient.
-        finite = _all_finite([u for u, frozen in zip(updates, store.frozen) if not frozen])
+        # The check needs the updates before any assignment, which keeps XLA from
+        # fusing computation and assignment ([pipeline] check_updates = false trades
+        # it for speed; see docs/performance.md).
 
         def commit() -> tf.Tensor:
             # Everything is computed; only now does anything change.
@@ -324,13 +339,17 @@ class Pipeline(tf.Module):
             with tf.control_dependencies(ops):
                 self._iterations.assign_add(1)
             with tf.control_dependencies(ops + [self._iterations.read_value()]):
-                write_update_summaries(self, grads, updates)
+                if self._compiled_step is None:
+                    write_update_summaries(self, grads, updates)
                 return tf.constant(True)
 
         def reject() -> tf.Tensor:
             self._skipped.assign_add(1)
             return tf.constant(False)
 
+        if not self._spec.options.check_updates:
+            return commit()
+        finite = _all_finite([u for u, frozen in zip(updates, store.frozen) if not frozen])
         return tf.cond(finite, commit, reject)
 
     def _resolve_schedule(self, value: Any) -> Any:

@@ -87,6 +87,11 @@ class PipelineOptions:
         accumulation_steps: micro-batches per applied update (OpenSeq2Seq
             ``iter_size``); the chain runs once every ``k`` calls on the mean.
         freeze: regular expressions; matching variables are never updated.
+        jit_compile: compile the whole update (unscale, check, chain, assign) with
+            XLA as one function, on one device; summaries are not written then.
+        check_updates: also skip a step whose *updates* are non-finite although
+            its gradients were finite (NaN born inside the chain). Turning it off
+            saves a pass over the updates and lets XLA fuse compute and assign.
         summaries: TensorBoard scalars written while a default ``tf.summary``
             writer is set (OpenSeq2Seq's default: learning rate, global gradient
             norm, loss scale); see ``SUMMARIES``.
@@ -94,6 +99,8 @@ class PipelineOptions:
 
     accumulation_steps: int = attrs.field(default=1, validator=in_range(1, 1_000_000))
     freeze: tuple[str, ...] = ()
+    jit_compile: bool = False
+    check_updates: bool = True
     summaries: tuple[str, ...] = attrs.field(default=("learning_rate", "global_gradient_norm",
                                                       "loss_scale"))
 
@@ -133,6 +140,15 @@ class PipelineSpec:
     convergence: tuple[ComponentSpec, ...] = ()
     problem: ComponentSpec | None = None
     source: str | None = attrs.field(default=None, eq=False)
+    lines: dict[str, int] = attrs.field(factory=dict, eq=False, repr=False)
+
+    def problem_at(self, path: str, message: str) -> Any:
+        """A Problem at ``path`` with this file's name and the key's line."""
+        from .config import line_for
+        from .errors import Problem
+
+        return Problem(path=path, message=message, file=self.source,
+                       line=line_for(self.lines, path))
 
     def to_mapping(self) -> dict[str, Any]:
         """The resolved pipeline as a TOML-shaped dict, defaults filled in."""

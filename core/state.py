@@ -13,7 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from .errors import ConfigError, GradpipeError, Problem
+from .errors import ConfigError, GradpipeError
 from .spec import PipelineSpec
 
 
@@ -130,14 +130,13 @@ class StateStore(tf.Module):
                 try:
                     regex = re.compile(pattern)
                 except re.error as exc:
-                    problems.append(Problem(path=f"{where}.{key}[{i}]",
-                                            message=f"invalid pattern {pattern!r}: {exc}"))
+                    problems.append(self._spec.problem_at(
+                        f"{where}.{key}[{i}]", f"invalid pattern {pattern!r}: {exc}"))
                     continue
                 if not any(regex.search(p) for p in paths):
-                    problems.append(Problem(
-                        path=f"{where}.{key}[{i}]",
-                        message=f"pattern {pattern!r} matches no variable; variables "
-                                f"are: {', '.join(paths)}"))
+                    problems.append(self._spec.problem_at(
+                        f"{where}.{key}[{i}]", f"pattern {pattern!r} matches no variable; "
+                        f"variables are: {', '.join(paths)}"))
         if problems:
             raise ConfigError(problems)
 
@@ -152,10 +151,9 @@ class StateStore(tf.Module):
         patterns = self._spec.options.freeze
         for i, pattern in enumerate(patterns):
             if not any(re.search(pattern, p) for p in paths):
-                raise ConfigError([Problem(
-                    path=f"pipeline.freeze[{i}]",
-                    message=f"pattern {pattern!r} matches no variable; variables are: "
-                            f"{', '.join(paths)}")])
+                raise ConfigError([self._spec.problem_at(
+                    f"pipeline.freeze[{i}]", f"pattern {pattern!r} matches no variable; "
+                    f"variables are: {', '.join(paths)}")])
         return [any(re.search(p, path) for p in patterns) for path in paths]
 
     def align(self, pairs: Sequence[tuple[Any, Any]]) -> list[Any]:

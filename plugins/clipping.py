@@ -57,8 +57,10 @@ def clip_by_global_norm(cfg: ClipNormConfig) -> Transform:
 
         norm = global_norm(grads)
         shared_values["global_norm"] = norm
-        c = clip()
-        factor = c * tf.minimum(1.0 / norm, 1.0 / c)
+        # The reference formula, on float64 scalars: in float32, 1/c is denormal for
+        # c near the float maximum and the factor would drift away from 1.
+        c, n = tf.cast(clip(), tf.float64), tf.cast(norm, tf.float64)
+        factor = tf.cast(c * tf.minimum(1.0 / n, 1.0 / c), tf.float32)
         return map_grads(lambda g: _map_values(g, lambda x: x * tf.cast(factor, x.dtype)),
                          grads), state
 

@@ -273,3 +273,19 @@ def test_nan_born_inside_the_chain_never_reaches_weights():
     np.testing.assert_array_equal(var.numpy(), [1.0, 2.0])
     assert int(pipe.iterations) == 0 and int(pipe.skipped_steps) == 1
     assert all(np.all(s.numpy() == 0) for s in pipe.transform_state("adam").values())
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla-inner"])
+def test_check_updates_off_and_inner_jit_give_the_same_numerics(jit):
+    """[pipeline] check_updates/jit_compile change speed, not results (atol 1e-6)."""
+    table = {"transforms": [{"kind": "clip_by_global_norm", "clip_norm": 1.0},
+                            {"kind": "adam", "learning_rate": 0.1}]}
+    expected, _, _ = run_pipeline(table, False)
+    actual, pipe, _ = run_pipeline({**table, "pipeline": {"check_updates": False,
+                                                          "jit_compile": jit}}, False)
+    assert_close(actual, expected, rtol=1e-6, atol=1e-6)
+    # the gradient check still skips a NaN step with the update check off
+    _, pipe, applied = run_pipeline({**table, "pipeline": {"check_updates": False,
+                                                           "jit_compile": jit}}, False,
+                                    [GRADS[0], [GRADS[1][0], np.full(4, np.nan, "f4")]])
+    assert applied == [True, False] and int(pipe.skipped_steps.numpy()) == 1

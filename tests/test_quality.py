@@ -9,8 +9,9 @@ from conftest import ROOT
 
 
 def test_ruff_clean():
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "core", "plugins", "tests",
-                             "contrib", "docs"], cwd=ROOT, capture_output=True, text=True)
+    paths = ["core", "plugins", "tests", "contrib", "docs", "benchmarks"]
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", *paths], cwd=ROOT,
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

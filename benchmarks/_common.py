@@ -1,0 +1,33 @@
+"""Shared helpers: interleaved timing with medians, and a table printer."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def interleaved(cases: dict[str, Callable[[], object]], repeats: int, warmup: int = 2,
+                sync: Callable[[object], object] = lambda r: r) -> dict[str, float]:
+    """Median seconds per call of each case, the cases run in turn (round robin)."""
+    for fn in cases.values():
+        for _ in range(warmup):
+            sync(fn())
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            start = time.perf_counter()
+            sync(fn())
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def table(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join("-" * w for w in widths)
+    out = [title, line, "  ".join(h.ljust(w) for h, w in zip(header, widths)), line]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join([*out, line])
