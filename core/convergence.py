@@ -127,6 +127,29 @@ class MinimizeResult(NamedTuple):
     parameters: Any
 
 
+def gradient_step(pipe: Any, loss_fn: Callable[[], Any], variables: list[Any]
+                  ) -> tuple[Any, list[Any], list[Any], Any]:
+    """One update of ``pipe`` on ``loss_fn``.
+
+    Returns ``(loss, unscaled gradients, parameters after the update, applied)``,
+    ordered after the update; the gradients are those the criteria should see
+    (a ``None`` gradient is reported as zeros).
+    """
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn()
+        scaled = pipe.scale_loss(loss)
+    scale = pipe.loss_scale  # read before the update may change it
+    grads = tape.gradient(scaled, variables)
+    applied = pipe.apply_gradients(zip(grads, variables))
+    unscaled = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) / scale
+                for g, v in zip(grads, variables)]
+    with tf.control_dependencies([applied]):
+        return (tf.identity(loss), [tf.identity(g) for g in unscaled],
+                [tf.identity(v) for v in variables], tf.identity(applied))
+
+
 def minimize(pipe: Any, loss_fn: Callable[[], Any], var_list: Sequence[Any], max_steps: int,
              *, trace_fn: Callable[[TraceableQuantities], Any] | None = None,
              return_full_length_trace: bool = True,
@@ -147,17 +170,8 @@ def minimize(pipe: Any, loss_fn: Callable[[], Any], var_list: Sequence[Any], max
     skipped_before = int(pipe.skipped_steps.numpy())
 
     def update() -> tuple[Any, list[Any], list[Any]]:
-        with tf.GradientTape() as tape:
-            loss = loss_fn()
-            scaled = pipe.scale_loss(loss)
-        scale = pipe.loss_scale
-        grads = tape.gradient(scaled, variables)
-        applied = pipe.apply_gradients(zip(grads, variables))
-        unscaled = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) / scale
-                    for g, v in zip(grads, variables)]
-        with tf.control_dependencies([applied]):
-            return (tf.identity(loss), [tf.identity(g) for g in unscaled],
-                    [tf.identity(v) for v in variables])
+        loss, grads, params, _ = gradient_step(pipe, loss_fn, variables)
+        return loss, grads, params
 
     def quantities(step: Any, loss: Any, grads: Any, params: Any, converged: Any,
                    state: Any) -> TraceableQuantities:

@@ -33,7 +33,7 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
     problem_spec = _problem_spec(spec, problem)
     import tensorflow as tf
 
-    from .convergence import AnyOf
+    from .convergence import AnyOf, gradient_step
     from .pipeline import Pipeline
 
     tf.random.set_seed(seed)
@@ -49,21 +49,12 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
         ctx = tf.distribute.get_replica_context()
         batch = step * ctx.num_replicas_in_sync + tf.cast(ctx.replica_id_in_sync_group,
                                                           tf.int64)
-        with tf.GradientTape() as tape:
-            loss = task.loss(batch)
-            scaled = pipe.scale_loss(loss)
-        scale = pipe.loss_scale
-        lr = pipe.learning_rate
-        grads = tape.gradient(scaled, variables)
-        applied = pipe.apply_gradients(zip(grads, variables))
-        unscaled = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) / scale
-                    for g, v in zip(grads, variables)]
-        with tf.control_dependencies([applied]):
-            # For the criteria and the progress bar only: the global mean gradient.
-            unscaled = ctx.all_reduce(tf.distribute.ReduceOp.SUM, unscaled)
-            loss = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, loss)
-            return (tf.identity(loss), [tf.identity(g) for g in unscaled],
-                    [tf.identity(v) for v in variables], lr, scale)
+        lr, scale = pipe.learning_rate, pipe.loss_scale  # before the update moves them
+        loss, unscaled, params, _ = gradient_step(pipe, lambda: task.loss(batch), variables)
+        # For the criteria and the progress bar only: the global mean gradient.
+        unscaled = ctx.all_reduce(tf.distribute.ReduceOp.SUM, unscaled)
+        loss = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, loss)
+        return loss, unscaled, params, lr, scale
 
     @tf.function
     def train_step(step: tf.Tensor) -> tuple[Any, ...]:
