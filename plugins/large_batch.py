@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 import attrs
 
-from gradpipe import Transform, hookimpl, hyper, hyperparameter, one_minus
+from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, one_minus
 from gradpipe.fields import FieldError, in_range, non_negative, one_of, positive
 from gradpipe.plugins._tensor import dense, map_values, norm, value_of, zeros_like_vars
 
@@ -53,24 +53,21 @@ def larc(cfg: LarcConfig) -> Transform:
     lr = hyper(cfg.learning_rate) if cfg.learning_rate is not None else None
 
     def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
+        return map_grads(scale, grads, variables), state
+
+    def scale(g: Any, var: Any) -> Any:
         import tensorflow as tf
 
-        out = []
-        for g, var in zip(grads, variables):
-            if g is None:
-                out.append(None)
-                continue
-            ratio = cfg.eta * norm(var) / (norm(g) + cfg.epsilon)
-            if cfg.mode == "clip":
-                assert lr is not None
-                # lr = 0 (a warm-up's first step) gives 0/0 in the reference; the
-                # update is 0 then anyway, so divide_no_nan keeps the factor finite.
-                factor = tf.minimum(tf.maximum(tf.math.divide_no_nan(ratio, lr()),
-                                               cfg.min_update), 1.0)
-            else:
-                factor = tf.maximum(ratio, cfg.min_update)
-            out.append(map_values(g, lambda x, f=factor: tf.saturate_cast(f, x.dtype) * x))
-        return out, state
+        ratio = cfg.eta * norm(var) / (norm(g) + cfg.epsilon)
+        if cfg.mode == "clip":
+            assert lr is not None
+            # lr = 0 (a warm-up's first step) gives 0/0 in the reference; the
+            # update is 0 then anyway, so divide_no_nan keeps the factor finite.
+            factor = tf.minimum(tf.maximum(tf.math.divide_no_nan(ratio, lr()),
+                                           cfg.min_update), 1.0)
+        else:
+            factor = tf.maximum(ratio, cfg.min_update)
+        return map_values(g, lambda x: tf.saturate_cast(factor, x.dtype) * x)
 
     return Transform(lambda variables: (), update)
 

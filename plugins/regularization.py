@@ -14,9 +14,20 @@ from typing import Any, ClassVar
 
 import attrs
 
-from gradpipe import Transform, hookimpl, hyper, hyperparameter, no_state
+from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, no_state
 from gradpipe.fields import non_negative
 from gradpipe.plugins._tensor import dense, value_of
+
+
+def plus_scaled_weights(values: list[Any], variables: list[Any], coefficient: Any) -> list[Any]:
+    """``value + coefficient * w`` for each non-None value (sparse values densified)."""
+    import tensorflow as tf
+
+    def add(value: Any, var: Any) -> Any:
+        value = dense(value)
+        return value + tf.cast(coefficient, value.dtype) * value_of(var, value.dtype)
+
+    return map_grads(add, values, variables)
 
 
 @attrs.frozen(kw_only=True)
@@ -37,16 +48,7 @@ def l2(cfg: L2Config) -> Transform:
     strength = hyper(cfg.l2)
 
     def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
-        import tensorflow as tf
-
-        out = []
-        for g, var in zip(grads, variables):
-            if g is None:
-                out.append(None)
-                continue
-            g = dense(g)
-            out.append(g + tf.cast(strength(), g.dtype) * value_of(var, g.dtype))
-        return out, state
+        return plus_scaled_weights(grads, variables, strength()), state
 
     return Transform(no_state, update)
 
@@ -74,16 +76,7 @@ def weight_decay(cfg: WeightDecayConfig) -> Transform:
     rate, lr = hyper(cfg.weight_decay), hyper(cfg.learning_rate)
 
     def update(updates: list[Any], state: Any, variables: list[Any]) -> Any:
-        import tensorflow as tf
-
-        out = []
-        for u, var in zip(updates, variables):
-            if u is None:
-                out.append(None)
-                continue
-            u = dense(u)
-            out.append(u + tf.cast(rate() * lr(), u.dtype) * value_of(var, u.dtype))
-        return out, state
+        return plus_scaled_weights(updates, variables, rate() * lr()), state
 
     return Transform(no_state, update)
 
