@@ -395,8 +395,13 @@ class _SpecBuilder:
             if isinstance(value, Mapping):
                 spec = self.component("schedule", value, path)
                 return _FAILED if spec is None else spec
-            if field.metadata.get(SCHEDULE) and isinstance(value, list):
-                items = [self.value(field, tp, item, f"{path}[{i}]")
+            if isinstance(value, list) and field.metadata.get(SCHEDULE):
+                if field.metadata.get(SCHEDULE) != "many":
+                    raise Invalid("must be '@name' or a schedule table, not an array")
+                if not value:
+                    raise Invalid("needs at least one schedule")
+                one = field.evolve(metadata={SCHEDULE: "one"})
+                items = [self.value(one, tp, item, f"{path}[{i}]")
                          for i, item in enumerate(value)]
                 return _FAILED if _FAILED in items else tuple(items)
             return check_type(float, value)

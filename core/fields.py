@@ -67,9 +67,10 @@ def hyperparameter(*, default: Any = attrs.NOTHING, validator: Any = None) -> An
     )
 
 
-def schedule_field(*, default: Any = attrs.NOTHING) -> Any:
-    """A field holding a whole schedule (``"@name"`` or a table), e.g. for warmup."""
-    return attrs.field(default=default, metadata={SCHEDULE: True})
+def schedule_field(*, default: Any = attrs.NOTHING, many: bool = False) -> Any:
+    """A field holding a whole schedule (``"@name"`` or a table), e.g. for warmup;
+    with ``many``, a non-empty array of them (``sequence``)."""
+    return attrs.field(default=default, metadata={SCHEDULE: "many" if many else "one"})
 
 
 # -- validators with messages a user can act on -------------------------------

@@ -186,7 +186,7 @@ class SequenceConfig:
                       {"kind": "linear", "start": 0.1, "end": 0.0, "steps": 50}],
         "boundaries": [20]}
 
-    schedules: Any = schedule_field()
+    schedules: Any = schedule_field(many=True)
     boundaries: tuple[int, ...] = attrs.field(validator=increasing())
 
     def __attrs_post_init__(self) -> None:

@@ -149,6 +149,10 @@ class TestComposition:
       "decay_rates": [0.1, 0.1]}, "decay_rates", "one rate per boundary"),
     ({"kind": "sequence", "schedules": [1.0, 2.0], "boundaries": []}, "boundaries",
      "one boundary fewer"),
+    ({"kind": "sequence", "schedules": [], "boundaries": []}, "schedules",
+     "needs at least one schedule"),
+    ({"kind": "warmup", "warmup_steps": 1, "after": []}, "after",  # found by the fuzzer
+     "not an array"),
 ])
 def test_invalid_schedules_name_the_key(table, key, message):
     with pytest.raises(ConfigError, match=message) as info:
