@@ -19,27 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import GradpipeError
+from .state import layout_difference
 
 _CLASS: Any = None
 
 
 def pipeline_optimizer(pipe: Any, name: str = "gradpipe") -> Any:
     return optimizer_class()(pipeline=pipe, name=name)
-
-
-def _layout_difference(expected: dict[str, Any], found: dict[str, Any]) -> str:
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
-    reshaped = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
-    parts = []
-    if missing:
-        parts.append(f"missing from the saved state: {', '.join(missing)}")
-    if unexpected:
-        parts.append(f"saved but not in this pipeline: {', '.join(unexpected)}")
-    if reshaped:
-        parts.append("different shapes: " + ", ".join(
-            f"{k} {found[k]} saved vs {expected[k]}" for k in reshaped))
-    return "; ".join(parts)
 
 
 def match_saved_names(expected: list[str], saved: list[str]) -> dict[str, str]:
@@ -183,7 +169,7 @@ def optimizer_class() -> Any:
             saved = {key.replace("|", "/"): key for key in store.keys()}  # noqa: SIM118 (H5 store)
             matched = match_saved_names(list(expected), list(saved))
             found = {matched.get(k, k): list(store[saved[k]].shape) for k in saved}
-            difference = _layout_difference({k: list(v.shape) for k, v in expected.items()},
+            difference = layout_difference({k: list(v.shape) for k, v in expected.items()},
                                             found)
             if difference:
                 raise GradpipeError("the saved optimizer state does not match this "

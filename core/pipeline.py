@@ -28,7 +28,7 @@ from .errors import GradpipeError
 from .fields import ScheduleRef
 from .registry import Registry, get_registry
 from .spec import ComponentSpec, PipelineSpec
-from .state import StateStore
+from .state import StateStore, layout_difference
 from .summaries import (
     scheduled_hyperparameters,
     write_step_summaries,
@@ -114,10 +114,6 @@ class Pipeline(tf.Module):
             return tf.constant(float("nan"), tf.float32)
         return self._learning_rate()
 
-    @property
-    def variables_built(self) -> bool:
-        return self._state.built
-
     def minimize(self, loss_fn: Any, var_list: Sequence[Any], max_steps: int,
                  trace_fn: Any = None, *, return_full_length_trace: bool = True,
                  batch_convergence_reduce_fn: Any = None, jit_compile: bool = False) -> Any:
@@ -202,8 +198,6 @@ class Pipeline(tf.Module):
         """Restore this pipeline's state from a ``tf.train.Checkpoint`` written with
         ``tf.train.Checkpoint(**{key: pipe}, ...)``; a different layout is an error
         naming what differs, never a silent fresh start."""
-        from .keras_adapter import _layout_difference
-
         if not self._state.built:
             raise GradpipeError("build the pipeline (pipe.build(variables)) before "
                                 "restoring it, so its state exists to receive the values")
@@ -213,7 +207,7 @@ class Pipeline(tf.Module):
             raise GradpipeError(f"{path} holds no gradpipe pipeline under {key!r}: "
                                 f"{exc}") from None
         saved_layout = json.loads(saved.decode() if isinstance(saved, bytes) else saved)
-        difference = _layout_difference(self.layout(), saved_layout)
+        difference = layout_difference(self.layout(), saved_layout)
         if difference:
             raise GradpipeError(f"checkpoint {path} was written by a different pipeline: "
                                 f"{difference}")

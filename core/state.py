@@ -250,3 +250,19 @@ def _leaf_names(state: Any, paths: list[str]) -> list[str]:
 
     walk(state, "")
     return names
+
+
+def layout_difference(expected: dict[str, Any], found: dict[str, Any]) -> str:
+    """What differs between two name -> shape layouts, in words ("" if nothing)."""
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    reshaped = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
+    parts = []
+    if missing:
+        parts.append(f"missing from the saved state: {', '.join(missing)}")
+    if unexpected:
+        parts.append(f"saved but not in this pipeline: {', '.join(unexpected)}")
+    if reshaped:
+        parts.append("different shapes: " + ", ".join(
+            f"{k} {found[k]} saved vs {expected[k]}" for k in reshaped))
+    return "; ".join(parts)

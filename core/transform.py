@@ -163,9 +163,6 @@ def schedule(value: Any) -> Callable[[Any], Any]:
     return current_context().resolve_schedule(value)
 
 
-def is_scheduled(value: Any) -> bool:
-    return not isinstance(value, (int, float)) or isinstance(value, bool)
-
 
 def shared() -> dict[str, Any]:
     """Per-pipeline values transforms share at trace time (e.g. the global norm)."""
