@@ -164,7 +164,7 @@ def check_type(tp: Any, value: Any) -> Any:
                 return check_type(arg, value)
             except Invalid as exc:
                 errors.append(str(exc))
-        raise Invalid(errors[0] if len(errors) == 1 else f"invalid value {value!r}")
+        raise Invalid(errors[0] if len(errors) == 1 else " or ".join(errors))
     if origin is typing.Literal:
         if value not in args:
             raise Invalid(

@@ -16,6 +16,7 @@ failure leaves all variables as they were.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -34,7 +35,11 @@ from .summaries import (
     write_step_summaries,
     write_update_summaries,
 )
-from .transform import BuildContext, build_scope
+from .transform import BuildContext, build_scope, record_squared_norm
+
+# "auto" compiles steps over at most this many variables: XLA's compile time grows
+# with the number of variables (minutes at 2,000), its gain shrinks as they get small.
+AUTO_JIT_MAX_VARIABLES = 256
 
 
 class Pipeline(tf.Module):
@@ -76,9 +81,12 @@ class Pipeline(tf.Module):
                 self._scheduled = scheduled_hyperparameters(spec)
         self._state = StateStore(self, spec)
         self._pre_reduce = self._clipping_before_reduce()
+        self._guard = self._update_guard()
+        self._scaler_takes_finite = self.loss_scaler is not None and "finite" in \
+            inspect.signature(self.loss_scaler.update).parameters
         # One XLA function for the whole update: fusion across every variable.
-        self._compiled_step = (tf.function(self._step, jit_compile=True, autograph=False)
-                               if spec.options.jit_compile else None)
+        self._compiled_step = tf.function(self._step, jit_compile=True, autograph=False)
+        self._compiling = False
 
     # -- public API --------------------------------------------------------
 
@@ -182,7 +190,7 @@ class Pipeline(tf.Module):
         """Create all state for ``variables`` now (also done on first use)."""
         if self.placement is not None and self.strategy.num_replicas_in_sync > 1:
             self.placement.check_can_update_mirrored()
-            if self._compiled_step is not None:
+            if self._spec.options.jit_compile is True:
                 from .errors import PlacementError
 
                 raise PlacementError(
@@ -231,9 +239,45 @@ class Pipeline(tf.Module):
             if self._pre_reduce:  # clip_before_reduce: clip each replica's gradients
                 grads = self._run_chain(grads, only=self._pre_reduce)[0]
             grads = self.placement.reduce(grads)  # once, batched
-        if self._compiled_step is not None:
+        self._compiling = self._should_compile(grads)
+        if self._compiling:
             return self._compiled_step(grads)
         return self._step(grads)
+
+    def _should_compile(self, grads: list[Any]) -> bool:
+        """``[pipeline] jit_compile``; ``"auto"`` compiles wherever that is known to be
+        safe and to pay: one device, dense gradients, components that declare
+        ``xla_compatible``, no summary writer, and few enough variables to compile
+        quickly (see docs/performance.md)."""
+        mode = self._spec.options.jit_compile
+        if mode != "auto":
+            return bool(mode)
+        components = [t.config for t in self._spec.transforms]
+        if self._spec.loss_scale is not None:
+            components.append(self._spec.loss_scale.config)
+        recording = tf.get_static_value(tf.summary.should_record_summaries())
+        return (all(getattr(c, "xla_compatible", False) for c in components)
+                and not tf.distribute.has_strategy()
+                and (self.placement is None or self.strategy.num_replicas_in_sync == 1)
+                and not any(isinstance(g, tf.IndexedSlices) for g in grads)
+                and len(grads) <= AUTO_JIT_MAX_VARIABLES
+                and recording is not None and not recording)
+
+    def _update_guard(self) -> str:
+        """How a step proves its updates finite before assigning them.
+
+        ``"scalars"`` when every transform of the update ``preserves_finite``: the
+        scalars they ``require_finite`` suffice, so the updates are never
+        materialised and XLA fuses computation and assignment. ``"updates"``
+        otherwise: every update element is checked. ``"none"`` with
+        ``check_updates = false``.
+        """
+        if not self._spec.options.check_updates:
+            return "none"
+        chain = [t for i, t in enumerate(self._spec.transforms) if i not in self._pre_reduce]
+        if all(getattr(t.config, "preserves_finite", False) for t in chain):
+            return "scalars"
+        return "updates"
 
     def _clipping_before_reduce(self) -> set[int]:
         """Leading clipping transforms to run per replica (``clip_before_reduce``)."""
@@ -249,25 +293,36 @@ class Pipeline(tf.Module):
     # -- the step ----------------------------------------------------------
 
     def _step(self, grads: list[Any]) -> tf.Tensor:
-        self._context.shared.clear()
-        scale = self.loss_scale
-        # Half-precision gradients are unscaled in float32: g/S can underflow in fp16.
-        grads = [None if g is None else _unscale(g, scale, dtype)
-                 for g, dtype in zip(grads, self._state.compute_dtypes)]
-        finite = _all_finite(grads)
-        if self.loss_scaler is not None:
-            _, should_apply = self.loss_scaler.update(grads)
-            finite = tf.logical_and(finite, tf.cast(should_apply, tf.bool))
-        self._skipped.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
-        k = self._spec.options.accumulation_steps
-        if k > 1:
-            applied = self._accumulate(grads, finite, k)
-        else:
-            applied = tf.cond(finite, lambda: self._update(grads), lambda: tf.constant(False))
-        with tf.control_dependencies([applied]):
-            if self._compiled_step is None:  # XLA cannot compile summary ops
-                write_step_summaries(self)
-            return tf.identity(applied)
+        with build_scope(self._context):  # squared_norm/require_finite reach this step
+            self._context.shared.clear()
+            scale = self.loss_scale
+            # Half-precision gradients are unscaled in float32: g/S can underflow in fp16.
+            reciprocal = getattr(self.loss_scaler, "power_of_two", False)
+            raw = grads
+
+            def unscaled() -> list[Any]:
+                return [None if g is None else _unscale(g, scale, dtype, reciprocal)
+                        for g, dtype in zip(raw, self._state.compute_dtypes)]
+
+            grads = unscaled()
+            finite = _finite_and_record_norm(grads, unscaled, raw,
+                                             scale if reciprocal else None)
+            if self.loss_scaler is not None:
+                _, should_apply = (self.loss_scaler.update(grads, finite=finite)
+                                   if self._scaler_takes_finite
+                                   else self.loss_scaler.update(grads))
+                finite = tf.logical_and(finite, tf.cast(should_apply, tf.bool))
+            self._skipped.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+            k = self._spec.options.accumulation_steps
+            if k > 1:
+                applied = self._accumulate(grads, finite, k)
+            else:
+                applied = tf.cond(finite, lambda: self._update(grads),
+                                  lambda: tf.constant(False))
+            with tf.control_dependencies([applied]):
+                if not self._compiling:  # XLA cannot compile summary ops
+                    write_step_summaries(self)
+                return tf.identity(applied)
 
     def _accumulate(self, grads: list[Any], finite: tf.Tensor, k: int) -> tf.Tensor:
         store = self._state
@@ -313,38 +368,101 @@ class Pipeline(tf.Module):
         return updates, new_states
 
     def _update(self, grads: list[Any]) -> tf.Tensor:
+        """Run the chain and assign, unless a NaN/Inf would reach the weights.
+
+        A NaN/Inf born inside the chain (0/0 in a trust ratio, an overflow) is skipped
+        like a non-finite gradient. Where every transform ``preserves_finite``, the
+        scalars they ``require_finite`` prove the updates finite; otherwise every
+        update element is checked. Either check needs its values before the first
+        assignment. Under XLA the compiled step therefore traces the chain twice:
+        once for the scalars (its tensor work is unused and eliminated), once
+        inside the branch that assigns, so computation and assignment fuse.
+        """
+        chain = self._pre_reduce
+        if self._can_apply_in_place(grads):
+            return self._update_in_place(grads)
+        if self._guard == "none":
+            return self._commit(grads, *self._run_chain(grads, skip=chain))
+        shared = self._context.shared
+        shared.pop("required_finite", None)
+        updates, new_states = self._run_chain(grads, skip=chain)
+        if self._guard == "scalars":
+            finite = _all_finite(shared.pop("required_finite", []))
+            if self._compiling:
+                return tf.cond(finite, lambda: self._commit(
+                    grads, *self._run_chain(grads, skip=chain)), self._reject)
+        else:
+            finite = _all_finite([u for u, frozen in zip(updates, self._state.frozen)
+                                  if not frozen])
+        return tf.cond(finite, lambda: self._commit(grads, updates, new_states),
+                       self._reject)
+
+    def _can_apply_in_place(self, grads: list[Any]) -> bool:
+        """Whether the last transform may update its variables and state in place.
+
+        Only on the plain path, on one device, where nothing else needs the
+        updates: its check is by scalars (or off), it covers every variable, no
+        variable is frozen or has a float32 master, the gradients are dense and
+        no summary writer wants the updates.
+        """
+        last = len(self._transforms) - 1
         store = self._state
-        variables = store.variables
-        updates, new_states = self._run_chain(grads, skip=self._pre_reduce)
-        # A NaN/Inf born inside the chain (0/0 in a trust ratio, an overflow) must not
-        # reach the weights either: such a step is skipped like a non-finite gradient.
-        # The check needs the updates before any assignment, which keeps XLA from
-        # fusing computation and assignment ([pipeline] check_updates = false trades
-        # it for speed; see docs/performance.md).
+        recording = tf.get_static_value(tf.summary.should_record_summaries())
+        return (self._transforms[last].apply is not None
+                and not self._compiling and self._guard != "updates"
+                and last not in self._pre_reduce and all(store.masks[last])
+                and not any(store.frozen) and not store.masters
+                and not tf.distribute.has_strategy()
+                and (self.placement is None or self.strategy.num_replicas_in_sync == 1)
+                and not any(isinstance(g, tf.IndexedSlices) for g in grads)
+                and recording is not None and not recording)
+
+    def _update_in_place(self, grads: list[Any]) -> tf.Tensor:
+        """The chain up to its last transform, then that transform's fused ``apply``.
+
+        The last transform's ``update`` is traced only for the scalars it requires
+        finite; its tensor work is unused and pruned.
+        """
+        last = len(self._transforms) - 1
+        store, shared = self._state, self._context.shared
+        shared.pop("required_finite", None)
+        inputs, new_states = self._run_chain(grads, skip=self._pre_reduce | {last})
+        finite = tf.constant(True)
+        if self._guard == "scalars":
+            self._transforms[last].update(inputs, store.read(last), store.variables)
+            finite = _all_finite(shared.pop("required_finite", []))
 
         def commit() -> tf.Tensor:
-            # Everything is computed; only now does anything change.
-            ops = store.write(new_states)
-            for var, update, frozen in zip(variables, updates, store.frozen):
-                if update is not None and not frozen:
-                    ops.append(_subtract(var, update))
+            ops = store.write(new_states, skip=last)
             with tf.control_dependencies(ops):
-                ops = ops + store.refresh_from_masters(updates)
+                ops = ops + list(self._transforms[last].apply(
+                    inputs, store.slot_variables(last), store.variables))
             with tf.control_dependencies(ops):
                 self._iterations.assign_add(1)
-            with tf.control_dependencies(ops + [self._iterations.read_value()]):
-                if self._compiled_step is None:
-                    write_update_summaries(self, grads, updates)
+            with tf.control_dependencies([self._iterations.read_value()]):
                 return tf.constant(True)
 
-        def reject() -> tf.Tensor:
-            self._skipped.assign_add(1)
-            return tf.constant(False)
+        return tf.cond(finite, commit, self._reject)
 
-        if not self._spec.options.check_updates:
-            return commit()
-        finite = _all_finite([u for u, frozen in zip(updates, store.frozen) if not frozen])
-        return tf.cond(finite, commit, reject)
+    def _commit(self, grads: list[Any], updates: list[Any], new_states: list[Any]) -> tf.Tensor:
+        """Assign the new state and subtract the updates; everything is computed."""
+        store = self._state
+        ops = store.write(new_states)
+        for var, update, frozen in zip(store.variables, updates, store.frozen):
+            if update is not None and not frozen:
+                ops.append(_subtract(var, update))
+        with tf.control_dependencies(ops):
+            ops = ops + store.refresh_from_masters(updates)
+        with tf.control_dependencies(ops):
+            self._iterations.assign_add(1)
+        with tf.control_dependencies(ops + [self._iterations.read_value()]):
+            if not self._compiling:
+                write_update_summaries(self, grads, updates)
+            return tf.constant(True)
+
+    def _reject(self) -> tf.Tensor:
+        self._skipped.assign_add(1)
+        return tf.constant(False)
 
     def _resolve_schedule(self, value: Any) -> Any:
         if isinstance(value, ScheduleRef):
@@ -380,11 +498,17 @@ def _first_learning_rate(spec: PipelineSpec) -> Any:
     return None
 
 
-def _unscale(g: Any, scale: tf.Tensor, dtype: tf.DType) -> Any:
-    """``g / scale`` in ``dtype`` (division, as Keras does: exact for any scale)."""
+def _unscale(g: Any, scale: tf.Tensor, dtype: tf.DType, reciprocal: bool) -> Any:
+    """``g / scale`` in ``dtype`` (division, as Keras does: exact for any scale).
+
+    For a scale that is always a power of two in the normal range (``reciprocal``),
+    ``g * (1/scale)`` is the same, bit for bit, and a multiplication is cheaper.
+    """
     if isinstance(g, tf.IndexedSlices):
-        return tf.IndexedSlices(tf.cast(g.values, dtype) / tf.cast(scale, dtype), g.indices,
+        return tf.IndexedSlices(_unscale(g.values, scale, dtype, reciprocal), g.indices,
                                 g.dense_shape)
+    if reciprocal and dtype in (tf.float32, tf.float64):
+        return tf.cast(g, dtype) * tf.cast(1.0 / scale, dtype)
     return tf.cast(g, dtype) / tf.cast(scale, dtype)
 
 
@@ -392,10 +516,46 @@ def _values(g: Any) -> tf.Tensor:
     return g.values if isinstance(g, tf.IndexedSlices) else g
 
 
-def _all_finite(grads: Sequence[Any]) -> tf.Tensor:
-    """One scalar: every non-None gradient is finite (IndexedSlices: values)."""
-    checks = [tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None]
+def _all_finite(tensors: Sequence[Any]) -> tf.Tensor:
+    """One scalar: every non-None tensor is finite (IndexedSlices: values; bool: true)."""
+    checks = [t if t.dtype == tf.bool else tf.reduce_all(tf.math.is_finite(t))
+              for t in (_values(t) for t in tensors if t is not None)]
     return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def _finite_and_record_norm(grads: Sequence[Any], unscaled: Any, raw: Sequence[Any],
+                            power_of_two_scale: Any) -> tf.Tensor:
+    """Whether every gradient is finite, from the pass that also yields their norm.
+
+    Dense gradients: the float32 sum of squares is finite exactly when every
+    element is, unless it overflows; only then are the elements checked one by
+    one. The sum is recorded for ``squared_norm``, so global-norm clipping reuses
+    it: one read of the gradients serves the finite check and the norm. With a
+    power-of-two loss scale S the sum is taken over the scaled gradients and
+    divided by S**2, which is exact. The rare branches recompute the unscaled
+    gradients (``unscaled()``) from the scaled ones, so XLA never has to
+    materialise them and fuses the unscaling into the update.
+    """
+    present = [g for g in grads if g is not None]
+    if not present or any(isinstance(g, tf.IndexedSlices) for g in present):
+        return _all_finite(present)
+
+    def sum_of_squares(tensors: Sequence[Any]) -> tf.Tensor:
+        return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
+                         for g in tensors if g is not None])
+
+    if power_of_two_scale is None:
+        total = sum_of_squares(grads)
+    else:
+        inverse = 1.0 / tf.cast(power_of_two_scale, tf.float32)
+        scaled_total = sum_of_squares(raw)
+        # Only an overflow (or underflow) of the scaled sum needs the unscaled one.
+        total = tf.cond(tf.math.is_finite(scaled_total) & (scaled_total < 2.0**100),
+                        lambda: scaled_total * inverse * inverse,
+                        lambda: sum_of_squares(unscaled()))
+    record_squared_norm(grads, total)
+    return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True),
+                   lambda: _all_finite(unscaled()))
 
 
 def _subtract(var: tf.Variable, update: Any) -> Any:

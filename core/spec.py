@@ -8,7 +8,7 @@ writes it back as a TOML-shaped dict with every default filled in.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -89,9 +89,13 @@ class PipelineOptions:
         freeze: regular expressions; matching variables are never updated.
         jit_compile: compile the whole update (unscale, check, chain, assign) with
             XLA as one function, on one device; summaries are not written then.
+            ``"auto"`` (default) compiles where it is safe and pays: one device,
+            dense gradients, every transform and the loss scaler declaring
+            ``xla_compatible``, no summary writer, at most 256 variables.
         check_updates: also skip a step whose *updates* are non-finite although
-            its gradients were finite (NaN born inside the chain). Turning it off
-            saves a pass over the updates and lets XLA fuse compute and assign.
+            its gradients were finite (NaN born inside the chain). Transforms that
+            declare ``preserves_finite`` are checked through a few scalars instead
+            of every element; turning it off removes even that.
         summaries: TensorBoard scalars written while a default ``tf.summary``
             writer is set (OpenSeq2Seq's default: learning rate, global gradient
             norm, loss scale); see ``SUMMARIES``.
@@ -99,7 +103,7 @@ class PipelineOptions:
 
     accumulation_steps: int = attrs.field(default=1, validator=in_range(1, 1_000_000))
     freeze: tuple[str, ...] = ()
-    jit_compile: bool = False
+    jit_compile: bool | Literal["auto"] = "auto"
     check_updates: bool = True
     summaries: tuple[str, ...] = attrs.field(default=("learning_rate", "global_gradient_norm",
                                                       "loss_scale"))

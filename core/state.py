@@ -173,9 +173,17 @@ class StateStore(tf.Module):
         slots = self.slots[key]
         return tf.nest.pack_sequence_as(structure, [slots[n].read_value() for n in names])
 
-    def write(self, new_states: list[Any]) -> list[Any]:
+    def slot_variables(self, i: int) -> Any:
+        """Transform ``i``'s state as its ``tf.Variable``s, in ``init``'s structure."""
+        key, structure, names = self._layout.items[i]
+        return tf.nest.pack_sequence_as(structure, [self.slots[key][n] for n in names])
+
+    def write(self, new_states: list[Any], skip: int | None = None) -> list[Any]:
         ops = []
-        for (key, structure, names), state in zip(self._layout.items, new_states):
+        for i, ((key, structure, names), state) in enumerate(zip(self._layout.items,
+                                                                 new_states)):
+            if i == skip:
+                continue
             try:
                 tf.nest.assert_same_structure(structure, state)
             except (ValueError, TypeError) as exc:

@@ -2,7 +2,7 @@
 
 Nothing is written, and no op is added, unless a default ``tf.summary`` writer
 is set when the step is traced. Summary ops cannot be compiled by XLA: with a
-writer set, do not ``jit_compile`` the step.
+writer set, ``jit_compile = "auto"`` keeps the step uncompiled.
 """
 
 from __future__ import annotations

@@ -27,10 +27,19 @@ from .fields import ScheduleRef
 
 
 class Transform(NamedTuple):
-    """A gradient transform: ``init(variables)`` and ``update(grads, state, variables)``."""
+    """A gradient transform: ``init(variables)`` and ``update(grads, state, variables)``.
+
+    ``apply(grads, slots, variables) -> ops``, optional, is ``update`` followed
+    by ``var -= update`` done in place: ``slots`` is the state as its
+    ``tf.Variable``s, and the transform assigns them and the variables itself,
+    typically with one fused TensorFlow kernel (``ResourceApplyAdam``) that
+    reads and writes each array once. The engine uses it for the last
+    transform on its plain (non-XLA) path where nothing else needs the updates.
+    """
 
     init: Callable[[Sequence[Any]], Any]
     update: Callable[[Sequence[Any], Any, Sequence[Any]], tuple[list[Any], Any]]
+    apply: Callable[[Sequence[Any], Any, Sequence[Any]], list[Any]] | None = None
 
 
 def no_state(variables: Sequence[Any]) -> tuple[()]:
@@ -163,7 +172,67 @@ def schedule(value: Any) -> Callable[[Any], Any]:
     return current_context().resolve_schedule(value)
 
 
-
 def shared() -> dict[str, Any]:
     """Per-pipeline values transforms share at trace time (e.g. the global norm)."""
     return current_context().shared
+
+
+# -- what a step knows about its gradients (call these inside ``update``) ------
+#
+# The engine traces each step inside the pipeline's build scope and clears
+# ``shared`` first, so these values live for one trace of one step.
+
+def squared_norm(grads: Sequence[Any]) -> Any:
+    """Sum of squares, in float32, of every non-``None`` tensor in ``grads``.
+
+    Reuses a value already known for these exact tensors (the engine computes it
+    with its finite check, in the same pass over the gradients), so a transform
+    that needs the global norm of its input costs no extra pass.
+    """
+    import tensorflow as tf
+
+    known = current_context().shared.get("squared_norms", {}).get(_key(grads))
+    if known is not None:
+        return known[1]
+    squares = [tf.reduce_sum(tf.square(tf.cast(_dense_values(g), tf.float32)))
+               for g in grads if g is not None]
+    value = tf.add_n(squares) if squares else tf.constant(0.0)
+    record_squared_norm(grads, value)
+    return value
+
+
+def record_squared_norm(grads: Sequence[Any], value: Any) -> None:
+    """Record the sum of squares of ``grads`` (or an upper bound of it) for reuse."""
+    norms = current_context().shared.setdefault("squared_norms", {})
+    norms[_key(grads)] = (list(grads), value)  # the list keeps the ids in the key alive
+
+
+def require_finite(*scalars: Any) -> None:
+    """Declare scalars this step's updates are finite under (``preserves_finite``).
+
+    A transform whose config sets ``preserves_finite = True`` promises: if its
+    input gradients have a finite sum of squares, its state is finite and every
+    scalar it passes here is finite (and every boolean true), then its updates and
+    new state are finite. The engine then checks these scalars instead of every
+    update element.
+    """
+    current_context().shared.setdefault("required_finite", []).extend(scalars)
+
+
+def dedupe(g: Any) -> Any:
+    """IndexedSlices with unique, summed rows (what densifying would give)."""
+    import tensorflow as tf
+
+    unique, positions = tf.unique(g.indices)
+    values = tf.math.unsorted_segment_sum(g.values, positions, tf.shape(unique)[0])
+    return tf.IndexedSlices(values, unique, g.dense_shape)
+
+
+def _key(grads: Sequence[Any]) -> tuple[int, ...]:
+    return tuple(id(g) for g in grads)
+
+
+def _dense_values(g: Any) -> Any:
+    import tensorflow as tf
+
+    return dedupe(g).values if isinstance(g, tf.IndexedSlices) else g

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gradpipe.transform import dedupe
+
 
 def is_sparse(g: Any) -> bool:
     import tensorflow as tf
@@ -19,15 +21,6 @@ def dense(g: Any) -> Any:
     import tensorflow as tf
 
     return tf.convert_to_tensor(g) if is_sparse(g) else g
-
-
-def dedupe(g: Any) -> Any:
-    """IndexedSlices with unique, summed rows (what densifying would give)."""
-    import tensorflow as tf
-
-    unique, positions = tf.unique(g.indices)
-    values = tf.math.unsorted_segment_sum(g.values, positions, tf.shape(unique)[0])
-    return tf.IndexedSlices(values, unique, g.dense_shape)
 
 
 def map_values(g: Any, fn: Any) -> Any:

@@ -15,7 +15,8 @@ import attrs
 
 from gradpipe import Transform, hookimpl, hyper, hyperparameter, one_minus
 from gradpipe.fields import in_range, non_negative, positive
-from gradpipe.plugins._tensor import dedupe, dense, is_sparse, value_of, zeros_like_vars
+from gradpipe.plugins._tensor import dense, is_sparse, value_of, zeros_like_vars
+from gradpipe.transform import dedupe
 
 
 @attrs.frozen(kw_only=True)

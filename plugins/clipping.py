@@ -14,22 +14,14 @@ import attrs
 
 from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, no_state, shared
 from gradpipe.fields import FieldError, positive
-from gradpipe.plugins._tensor import dedupe, is_sparse
+from gradpipe.plugins._tensor import is_sparse
 from gradpipe.plugins._tensor import map_values as _map_values
+from gradpipe.transform import dedupe, record_squared_norm, require_finite, squared_norm
 
 
 def _values(g: Any) -> Any:
     """Dense tensor, or the values of IndexedSlices with duplicate rows summed."""
     return dedupe(g).values if is_sparse(g) else g
-
-
-def global_norm(grads: list[Any]) -> Any:
-    """sqrt(sum of squares) of all non-None gradients, in float32 (as if dense)."""
-    import tensorflow as tf
-
-    squares = [tf.reduce_sum(tf.square(tf.cast(_values(g), tf.float32)))
-               for g in grads if g is not None]
-    return tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0)
 
 
 @attrs.frozen(kw_only=True)
@@ -43,11 +35,20 @@ class ClipNormConfig:
     example: ClassVar[dict] = {"clip_norm": 1.0}
 
     gradient_clipping: ClassVar[bool] = True
+    xla_compatible: ClassVar[bool] = True
 
     clip_norm: Any = hyperparameter(validator=positive())
 
 
-def clip_by_global_norm(cfg: ClipNormConfig) -> Transform:
+@attrs.frozen(kw_only=True)
+class ClipGlobalNormConfig(ClipNormConfig):
+    __doc__ = ClipNormConfig.__doc__
+
+    # Output norm <= clip_norm; the factor is the only value that can be non-finite.
+    preserves_finite: ClassVar[bool] = True
+
+
+def clip_by_global_norm(cfg: ClipGlobalNormConfig) -> Transform:
     """Rescale all gradients together so their joint L2 norm is at most ``clip_norm``."""
     clip = hyper(cfg.clip_norm)
     shared_values = shared()
@@ -55,14 +56,17 @@ def clip_by_global_norm(cfg: ClipNormConfig) -> Transform:
     def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
         import tensorflow as tf
 
-        norm = global_norm(grads)
+        norm = tf.sqrt(squared_norm(grads))  # no extra pass: the engine's finite check
         shared_values["global_norm"] = norm
         # The reference formula, on float64 scalars: in float32, 1/c is denormal for
         # c near the float maximum and the factor would drift away from 1.
         c, n = tf.cast(clip(), tf.float64), tf.cast(norm, tf.float64)
         factor = tf.cast(c * tf.minimum(1.0 / n, 1.0 / c), tf.float32)
-        return map_grads(lambda g: _map_values(g, lambda x: x * tf.cast(factor, x.dtype)),
-                         grads), state
+        require_finite(factor)
+        clipped = map_grads(lambda g: _map_values(g, lambda x: x * tf.cast(factor, x.dtype)),
+                            grads)
+        record_squared_norm(clipped, tf.square(tf.minimum(norm, tf.cast(clip(), tf.float32))))
+        return clipped, state
 
     return Transform(no_state, update)
 
@@ -97,6 +101,7 @@ class ClipValueConfig:
     example: ClassVar[dict] = {"clip_value_min": -0.5, "clip_value_max": 0.5}
 
     gradient_clipping: ClassVar[bool] = True
+    xla_compatible: ClassVar[bool] = True
 
     clip_value_min: Any = hyperparameter()
     clip_value_max: Any = hyperparameter()
@@ -127,6 +132,6 @@ def clip_by_value(cfg: ClipValueConfig) -> Transform:
 
 @hookimpl
 def gradpipe_register_transforms(register: Any) -> None:
-    register("clip_by_global_norm", clip_by_global_norm, ClipNormConfig)
+    register("clip_by_global_norm", clip_by_global_norm, ClipGlobalNormConfig)
     register("clip_by_norm", clip_by_norm, ClipNormConfig)
     register("clip_by_value", clip_by_value, ClipValueConfig)

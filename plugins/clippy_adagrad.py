@@ -17,7 +17,8 @@ import attrs
 
 from gradpipe import Transform, hookimpl, hyper, hyperparameter
 from gradpipe.fields import FieldError, non_negative
-from gradpipe.plugins._tensor import dedupe, is_sparse, value_of, zeros_like_vars
+from gradpipe.plugins._tensor import is_sparse, value_of, zeros_like_vars
+from gradpipe.transform import dedupe
 
 
 @attrs.frozen(kw_only=True)

@@ -8,12 +8,19 @@ reproduces Keras 3 ``LossScaleOptimizer``.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import attrs
 
 from gradpipe import hookimpl
 from gradpipe.fields import FieldError, at_least, greater_than, non_negative
+
+
+def _power_of_two(x: float | None) -> bool:
+    """Dividing by a power of two in the normal range equals multiplying by its
+    reciprocal, bit for bit; the engine then unscales with a multiplication."""
+    return x is None or (2.0**-126 <= x <= 2.0**126 and math.frexp(x)[0] == 0.5)
 
 
 def _all_finite(grads: Any) -> Any:
@@ -38,6 +45,8 @@ class FixedConfig:
 
     example: ClassVar[dict] = {"loss_scale_value": 128.0}
 
+    xla_compatible: ClassVar[bool] = True
+
     loss_scale_value: float = attrs.field()
 
     @loss_scale_value.validator
@@ -55,12 +64,13 @@ def fixed(cfg: FixedConfig) -> Any:
         def __init__(self, value: float) -> None:
             super().__init__(name="fixed_loss_scale")
             self._value = float(value)
+            self.power_of_two = _power_of_two(self._value)
 
         def __call__(self) -> Any:
             return tf.constant(self._value, tf.float32)
 
-        def update(self, grads: Any) -> Any:
-            del grads
+        def update(self, grads: Any, finite: Any = None) -> Any:
+            del grads, finite
             return tf.no_op(), tf.constant(True)
 
         def get_config(self) -> dict[str, float]:
@@ -95,6 +105,8 @@ class DynamicConfig:
     max_loss_scale: float | None = attrs.field(default=None, validator=greater_than(0))
     hysteresis: int = attrs.field(default=1, validator=at_least(1))
 
+    xla_compatible: ClassVar[bool] = True
+
     def __attrs_post_init__(self) -> None:
         if self.max_loss_scale is not None and self.max_loss_scale < self.min_loss_scale:
             raise FieldError("max_loss_scale",
@@ -118,13 +130,18 @@ def dynamic(cfg: DynamicConfig) -> Any:
                                           name="good_steps")
             self.overflows = tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name="overflows")
+            # Every scale is initial * multiplier**k, clamped to min/max.
+            self.power_of_two = all(_power_of_two(x) for x in (
+                config.initial_loss_scale, config.multiplier, config.min_loss_scale,
+                config.max_loss_scale))
 
         def __call__(self) -> Any:
             return tf.convert_to_tensor(self.current_loss_scale)
 
-        def update(self, grads: Any) -> Any:
+        def update(self, grads: Any, finite: Any = None) -> Any:
+            """TF ``LossScale.update``; ``finite``: the engine's check, if it made one."""
             c = self.config
-            finite = _all_finite(grads)
+            finite = _all_finite(grads) if finite is None else finite
             scale = self.current_loss_scale.read_value()
             good = self.good_steps.read_value()
             overflows = self.overflows.read_value()

@@ -8,7 +8,7 @@ a step with NaN or Inf is skipped by the pipeline, as the reference's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -50,6 +50,8 @@ class BackoffConfig:
     scale_max: float = attrs.field(default=2.0**14, validator=positive())
     step_factor: float = attrs.field(default=2.0, validator=greater_than(1.0))
     step_window: int = attrs.field(default=2000, validator=at_least(1))
+
+    xla_compatible: ClassVar[bool] = True
 
     def __attrs_post_init__(self) -> None:
         _check_range(self)
@@ -120,6 +122,8 @@ class LogMaxConfig:
     beta2: float = attrs.field(default=0.999, validator=greater_than(0.0))
     overflow_std_dev: float = attrs.field(default=3.09, validator=positive())
     corrected: bool = False
+
+    xla_compatible: ClassVar[bool] = True
 
     def __attrs_post_init__(self) -> None:
         _check_range(self)

@@ -17,6 +17,10 @@ from gradpipe.fields import in_range, non_negative
 from gradpipe.plugins._tensor import dense as _dense
 from gradpipe.plugins._tensor import value_of
 from gradpipe.plugins._tensor import zeros_like_vars as _zeros
+from gradpipe.transform import require_finite, squared_norm
+
+# sqrt of the float32 maximum: an input with a finite sum of squares has no larger element.
+_LARGEST_ELEMENT = 2.0**64
 
 # -- SGD ---------------------------------------------------------------------
 
@@ -34,10 +38,20 @@ class SGDConfig:
     example: ClassVar[dict] = {"learning_rate": 0.001, "momentum": 0.9}
 
     update_rule: ClassVar[bool] = True
+    xla_compatible: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.01, validator=non_negative())
     momentum: Any = hyperparameter(default=0.0, validator=in_range(0.0, 1.0))
     nesterov: bool = False
+
+    @property
+    def preserves_finite(self) -> bool:
+        """|m| <= lr * max|g| / (1 - momentum) and max|g| <= 2**64: finite for a
+        constant rate and momentum < 1 keeping that bound below the float32 maximum
+        (a schedule's history is not known to the bound: such updates are checked)."""
+        lr, mu = self.learning_rate, self.momentum
+        return (isinstance(lr, float) and isinstance(mu, float) and mu < 1
+                and lr * _LARGEST_ELEMENT / (1 - mu) * (1 + mu) < 3.4e38)
 
 
 class SGDState(NamedTuple):
@@ -78,7 +92,29 @@ def sgd(cfg: SGDConfig) -> Transform:
             updates.append(-(m * mu_c - g * lr_c) if cfg.nesterov else -m)
         return updates, SGDState(new_m)
 
-    return Transform(init, update)
+    def apply(grads: list[Any], slots: Any, variables: list[Any]) -> list[Any]:
+        """In place with TF's fused kernels, which compute exactly Keras's formulas:
+        ``ResourceApplyKerasMomentum`` (``m = m*mu - g*lr; var += m``) or
+        ``ResourceApplyGradientDescent`` (``var -= lr*g``)."""
+        import tensorflow as tf
+
+        lr_t = lr()
+        ops = []
+        for i, (g, var) in enumerate(zip(grads, variables)):
+            if g is None:
+                continue
+            dtype = var.dtype
+            g = tf.cast(_dense(g), dtype)
+            if uses_momentum:
+                ops.append(tf.raw_ops.ResourceApplyKerasMomentum(
+                    var=var.handle, accum=slots.momentum[i].handle, lr=tf.cast(lr_t, dtype),
+                    grad=g, momentum=tf.cast(momentum(), dtype), use_nesterov=cfg.nesterov))
+            else:
+                ops.append(tf.raw_ops.ResourceApplyGradientDescent(
+                    var=var.handle, alpha=tf.cast(lr_t, dtype), delta=g))
+        return ops
+
+    return Transform(init, update, apply)
 
 
 # -- Adam --------------------------------------------------------------------
@@ -99,6 +135,7 @@ class AdamConfig:
     example: ClassVar[dict] = {"learning_rate": 0.05}
 
     update_rule: ClassVar[bool] = True
+    xla_compatible: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.001, validator=non_negative())
     beta_1: Any = hyperparameter(default=0.9, validator=in_range(0.0, 1.0, high_open=True))
@@ -106,6 +143,12 @@ class AdamConfig:
                                  validator=in_range(0.0, 1.0, high_open=True))
     epsilon: float = attrs.field(default=1e-7, validator=non_negative())
     amsgrad: bool = False
+
+    @property
+    def preserves_finite(self) -> bool:
+        """|m| stays below the largest input element and the step below
+        ``alpha * |m| / epsilon``: finite when epsilon > 0 (0/0 otherwise)."""
+        return self.epsilon > 0
 
 
 class AdamState(NamedTuple):
@@ -131,6 +174,11 @@ class AdamWConfig(AdamConfig):
 
     weight_decay: Any = hyperparameter(default=0.004, validator=non_negative())
     exclude_from_weight_decay: tuple[str, ...] = ()
+
+    @property
+    def preserves_finite(self) -> bool:
+        """``var * weight_decay * lr`` is unbounded in ``var``: updates are checked."""
+        return False
 
 
 def adamw(cfg: AdamWConfig) -> Transform:
@@ -163,6 +211,10 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
         step = tf.cast(count, tf.float32)
         b1, b2 = beta_1(), beta_2()
         alpha32 = lr() * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
+        if cfg.epsilon > 0:  # what makes every update finite (see preserves_finite)
+            require_finite(squared_norm(grads),
+                           tf.cast(alpha32, tf.float64) * (_LARGEST_ELEMENT / cfg.epsilon),
+                           (b1 >= 0) & (b1 < 1) & (b2 >= 0) & (b2 < 1))  # scheduled betas
         updates, mus, nus = [], [], []
         maxes = list(state.nu_max)
         for i, (g, m, v) in enumerate(zip(grads, state.mu, state.nu)):
@@ -186,9 +238,13 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
             var = variables[i]
             if decays(var):  # Keras: var -= var * wd * lr before the Adam step
                 step_update += value_of(var, dtype) * tf.cast(weight_decay() * lr(), dtype)
+            if dtype.size < 4:  # the bounds above hold for float32 and float64 only
+                require_finite(tf.reduce_all(tf.math.is_finite(step_update)))
             updates.append(step_update)
         return updates, AdamState(count, mus, nus, maxes)
 
+    # No in-place kernel: TF's ResourceApplyAdam computes 1 - beta in float32, which
+    # differs from Keras (1 - 0.999 is off by 1.3e-5 relative); Keras semantics win.
     return Transform(init, update)
 
 

@@ -1,0 +1,271 @@
+"""The properties behind the step's speed (issue 10), never its timings.
+
+* ``jit_compile = "auto"`` compiles exactly where it is safe;
+* the compiled (fused) path, the plain path and the guard modes agree;
+* one pass over the gradients serves the finite check, the loss scaler and
+  the global norm, and a ``preserves_finite`` chain is guarded by scalars,
+  not by a pass over every update;
+* a power-of-two loss scale unscales by multiplication, bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import gradpipe
+from conftest import assert_close
+
+RNG = np.random.default_rng(7)
+SHAPES = [(6, 5), (5,), (7,)]
+INIT = [RNG.normal(size=s).astype("f4") for s in SHAPES]
+CLIP_ADAM = {"loss_scale": {"kind": "dynamic", "initial_loss_scale": 1024.0,
+                            "increment_period": 2},
+             "transforms": [{"kind": "clip_by_global_norm", "clip_norm": 1.0},
+                            {"kind": "adam", "learning_rate": 0.05}]}
+
+
+def _grads(scale: float, poison: str | None = None) -> list[np.ndarray]:
+    grads = [RNG.normal(size=s).astype("f4") * 4 * scale for s in SHAPES]
+    if poison == "nan":
+        grads[1][2] = np.nan
+    elif poison == "inf":
+        grads[0][1, 1] = -np.inf
+    elif poison == "huge":  # finite, but the sum of squares overflows float32
+        grads[2][:] = 1e30
+    return grads
+
+
+SEQUENCE = [None, None, "nan", None, "huge", None, "inf", None, None]
+GRADS = [_grads(1024.0, p) for p in SEQUENCE]
+
+
+def _run(table: dict, grads=GRADS, guard: str | None = None):
+    variables = [tf.Variable(x) for x in INIT]
+    pipe = gradpipe.build(table)
+    if guard is not None:
+        pipe._guard = guard  # force the other guard mode, to compare the two
+    step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+    applied = [bool(step([tf.constant(x) for x in g])) for g in grads]
+    state = {k: v.numpy() for k, v in pipe.named_variables().items()}
+    return [v.numpy() for v in variables], state, applied, pipe
+
+
+def _with(table: dict, **options) -> dict:
+    return {**table, "pipeline": {**table.get("pipeline", {}), **options}}
+
+
+def test_auto_compiles_a_dense_single_device_step():
+    _, _, _, pipe = _run(CLIP_ADAM, GRADS[:1])
+    assert pipe._compiling and pipe._guard == "scalars"
+    _, _, _, plain = _run(_with(CLIP_ADAM, jit_compile=False), GRADS[:1])
+    assert not plain._compiling
+
+
+@pytest.mark.parametrize("options", [{}, {"check_updates": False}],
+                         ids=["guarded", "unguarded"])
+def test_fused_and_plain_paths_agree(options):
+    """Same skips, same loss-scale trajectory, weights and slots within 1e-6."""
+    table = _with(CLIP_ADAM, **options)
+    fused = _run(table)
+    plain = _run(_with(table, jit_compile=False))
+    assert fused[3]._compiling and not plain[3]._compiling
+    assert fused[2] == plain[2] == [True, True, False, True, True, True, False, True, True]
+    assert_close(fused[0], plain[0], rtol=1e-6, atol=1e-6)
+    assert fused[1].keys() == plain[1].keys()
+    for name in fused[1]:
+        assert_close(fused[1][name], plain[1][name], rtol=1e-6, atol=1e-6)
+    assert fused[1]["loss_scale/current_loss_scale"] == \
+        plain[1]["loss_scale/current_loss_scale"]
+
+
+@pytest.mark.parametrize("jit", [False, "auto"], ids=["plain", "fused"])
+def test_scalar_guard_and_update_guard_agree(jit):
+    """A preserves_finite chain guarded by scalars gives exactly what checking every
+    update gives, including steps a schedule makes non-finite."""
+    table = _with(CLIP_ADAM, jit_compile=jit)
+    table["transforms"] = [table["transforms"][0],
+                           {"kind": "adam", "learning_rate": {
+                               "kind": "piecewise_constant", "learning_rate": 0.05,
+                               "boundaries": [4], "decay_rates": [1e40]}}]  # inf in float32
+    by_scalars = _run(table)
+    by_updates = _run(table, guard="updates")
+    assert by_scalars[3]._guard == "scalars"
+    assert by_scalars[2] == by_updates[2]
+    assert by_scalars[2][-3:] == [False, False, False]  # lr = inf: skipped, not applied
+    assert np.isfinite(np.concatenate([w.ravel() for w in by_scalars[0]])).all()
+    for name in by_scalars[1]:
+        np.testing.assert_array_equal(by_scalars[1][name], by_updates[1][name])
+
+
+def test_an_out_of_range_scheduled_beta_is_skipped_by_the_scalar_guard():
+    table = {"transforms": [{"kind": "adam", "learning_rate": 0.1, "beta_1": {
+        "kind": "piecewise_constant", "learning_rate": 0.9, "boundaries": [1],
+        "decay_rates": [1.5 / 0.9]}}]}
+    weights, _, applied, pipe = _run(table, [_grads(1.0) for _ in range(4)])
+    assert pipe._guard == "scalars" and applied == [True, True, False, False]
+    assert np.isfinite(np.concatenate([w.ravel() for w in weights])).all()
+
+
+@pytest.mark.parametrize("table, reason", [
+    ({"transforms": [{"kind": "adagrad"}]}, "a transform that does not declare it"),
+    ({"transforms": [{"kind": "adam"}], "pipeline": {"summaries": []}}, None),
+])
+def test_auto_needs_every_component_to_declare_xla(table, reason):
+    _, _, _, pipe = _run(table, GRADS[:1])
+    assert pipe._compiling is (reason is None)
+
+
+def test_auto_keeps_the_plain_path_for_sparse_gradients_writers_and_strategies(tmp_path):
+    pipe = gradpipe.build({"transforms": [{"kind": "adam"}]})
+    var = tf.Variable(np.ones((4, 2), "f4"))
+    pipe.build([var])
+    sparse = tf.IndexedSlices(tf.ones((1, 2)), tf.constant([1]), tf.constant([4, 2]))
+    assert not pipe._should_compile([sparse])
+    assert pipe._should_compile([tf.ones((4, 2))])
+    with tf.summary.create_file_writer(str(tmp_path)).as_default():
+        assert not pipe._should_compile([tf.ones((4, 2))])
+    with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+        assert not pipe._should_compile([tf.ones((4, 2))])
+    many = [tf.ones(1)] * (gradpipe.pipeline.AUTO_JIT_MAX_VARIABLES + 1)
+    assert not pipe._should_compile(many)
+
+
+def _step_ops(concrete) -> list:
+    """Every op of a traced step: its graph and every function it calls (cond branches)."""
+    ops, graphs, seen = [], [concrete.graph], set()
+    while graphs:
+        graph = graphs.pop()
+        for op in graph.get_operations():
+            ops.append(op)
+            for attr in ("then_branch", "else_branch", "f"):
+                try:
+                    name = op.get_attr(attr).name
+                except (ValueError, TypeError, AttributeError):
+                    continue
+                if name not in seen:
+                    seen.add(name)
+                    graphs.append(graph._get_function(name).graph)
+    return ops
+
+
+def _parameter_sized_ops(concrete, size: int) -> dict[str, int]:
+    """Op type -> count of ops with a float output of ``size`` elements (``IsFinite``: a
+    float input)."""
+    counts: dict[str, int] = {}
+    for op in _step_ops(concrete):
+        tensors = op.inputs if op.type == "IsFinite" else op.outputs
+        if any(t.dtype.is_floating and t.shape.num_elements() == size for t in tensors):
+            counts[op.type] = counts.get(op.type, 0) + 1
+    return counts
+
+
+def test_one_pass_serves_the_finite_check_the_scaler_and_the_norm():
+    """Plain path, one 1000-element variable: the gradient is squared once (the norm and
+    the finite check together), checked element-wise only in the branch taken when
+    that sum is not finite, and the updates are never checked element-wise."""
+    pipe = gradpipe.build(_with(CLIP_ADAM, jit_compile=False))
+    var = tf.Variable(tf.zeros([1000]))
+    step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
+    concrete = step.get_concrete_function(tf.TensorSpec([1000], tf.float32))
+    counts = _parameter_sized_ops(concrete, 1000)
+    # The engine's fallback check and nothing else: neither the scaler nor the update
+    # guard reads every element again.
+    assert counts.get("IsFinite") == 1, counts
+    # The scaled gradient (norm and finite check together), the unscaled one in the rare
+    # fallback, and Adam's g*g: clipping squares nothing, it reuses the engine's sum.
+    assert counts.get("Square") == 3, counts
+
+
+def test_an_unguarded_chain_still_checks_every_update():
+    pipe = gradpipe.build({"transforms": [{"kind": "lars", "learning_rate": 0.1}],
+                           "pipeline": {"jit_compile": False}})
+    assert pipe._guard == "updates"
+    var = tf.Variable(tf.ones([1000]))
+    step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
+    counts = _parameter_sized_ops(step.get_concrete_function(
+        tf.TensorSpec([1000], tf.float32)), 1000)
+    assert counts.get("IsFinite") == 2, counts  # the gradient fallback and the updates
+
+
+@pytest.mark.parametrize("scale, exact", [(2.0**15, True), (1.0, True), (2.0**-3, True),
+                                          (1000.0, False), (3.0, False)])
+def test_power_of_two_scales_unscale_by_multiplication_bit_for_bit(scale, exact):
+    from gradpipe.pipeline import _unscale
+
+    if scale >= 1:  # a fixed scale is at least 1
+        scaler = gradpipe.build({"loss_scale": {"kind": "fixed", "loss_scale_value": scale},
+                                 "transforms": [{"kind": "sgd"}]}).loss_scaler
+        assert scaler.power_of_two is exact
+    g = tf.constant(np.random.default_rng(3).normal(size=10_000).astype("f4")
+                    * np.float32(1e4))
+    s = tf.constant(scale)
+    by_division = (g / s).numpy()
+    by_multiplication = _unscale(g, s, tf.float32, reciprocal=True).numpy()
+    if exact:
+        np.testing.assert_array_equal(by_multiplication, by_division)
+    np.testing.assert_array_equal(_unscale(g, s, tf.float32, reciprocal=False).numpy(),
+                                  by_division)
+
+
+def test_dynamic_scaler_multiplies_only_when_every_scale_is_a_power_of_two():
+    def scaler(**config):
+        return gradpipe.build({"loss_scale": {"kind": "dynamic", **config},
+                               "transforms": [{"kind": "sgd"}]}).loss_scaler
+
+    assert scaler().power_of_two
+    assert not scaler(initial_loss_scale=1000.0).power_of_two
+    assert not scaler(multiplier=3.0).power_of_two
+    assert not scaler(min_loss_scale=0.0).power_of_two  # may go denormal: 1/S overflows
+
+
+SGD_CASES = {"momentum": {"kind": "sgd", "learning_rate": 0.1, "momentum": 0.9},
+             "nesterov": {"kind": "sgd", "learning_rate": 0.1, "momentum": 0.9,
+                          "nesterov": True},
+             "plain": {"kind": "sgd", "learning_rate": 0.1}}
+
+
+@pytest.mark.parametrize("case", SGD_CASES)
+def test_sgd_in_place_kernels_equal_the_functional_update_bit_for_bit(case):
+    """ResourceApplyKerasMomentum/GradientDescent compute exactly Keras's formulas."""
+    grads = [_grads(1.0) for _ in range(6)] + [_grads(1.0, "nan")]
+    results = []
+    for in_place in (True, False):
+        variables = [tf.Variable(x) for x in INIT]
+        pipe = gradpipe.build({"transforms": [SGD_CASES[case]],
+                               "pipeline": {"jit_compile": False}})
+        pipe.build(variables)
+        if not in_place:
+            pipe._transforms[-1] = pipe._transforms[-1]._replace(apply=None)
+        step = tf.function(lambda g, p=pipe, v=variables: p.apply_gradients(zip(g, v)))
+        applied = [bool(step([tf.constant(x) for x in g])) for g in grads]
+        results.append(([v.numpy() for v in variables],
+                         [s.numpy() for s in pipe.transform_state(0).values()], applied))
+        assert pipe._guard == "scalars"
+    (weights, slots, applied), (weights_f, slots_f, applied_f) = results
+    assert applied == applied_f == [True] * 6 + [False]
+    for a, b in zip(weights + slots, weights_f + slots_f):
+        np.testing.assert_array_equal(a, b)
+
+
+def _kernel_ops(table: dict, variables) -> set[str]:
+    pipe = gradpipe.build(table)
+    pipe.build(variables)
+    step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+    concrete = step.get_concrete_function([tf.TensorSpec(v.shape, tf.float32)
+                                           for v in variables])
+    return {op.type for op in _step_ops(concrete) if op.type.startswith("ResourceApply")}
+
+
+def test_the_in_place_path_is_taken_only_where_nothing_else_needs_the_updates():
+    sgd = {"transforms": [SGD_CASES["momentum"]], "pipeline": {"jit_compile": False}}
+    variables = [tf.Variable(x) for x in INIT]
+    assert _kernel_ops(sgd, variables) == {"ResourceApplyKerasMomentum"}
+    frozen = _with(sgd, freeze=["Variable"])
+    assert _kernel_ops(frozen, [tf.Variable(x) for x in INIT]) == set()
+    scheduled = {"transforms": [{"kind": "sgd", "momentum": 0.9, "learning_rate": {
+        "kind": "piecewise_constant", "learning_rate": 0.1, "boundaries": [2],
+        "decay_rates": [0.1]}}], "pipeline": {"jit_compile": False}}
+    # a scheduled rate has no static bound: every update is checked, so no kernel
+    assert _kernel_ops(scheduled, [tf.Variable(x) for x in INIT]) == set()
