@@ -1,7 +1,8 @@
-"""Step benchmark: clip_by_global_norm(1) + dynamic loss scaling + Adam.
+"""Step benchmark: clip_by_global_norm(1) + dynamic loss scaling + Adam (or SGD).
 
     python benchmarks/step.py [--params N] [--variables V] [--repeats R] [--quick]
     python benchmarks/step.py --small      # 2,000 variables of 1-10k parameters
+    python benchmarks/step.py --rule sgd   # SGD with momentum 0.9 instead of Adam
 
 Measures, interleaved in one run, medians of:
   (a) the gradpipe step in tf.function, default options (jit_compile = "auto": the
@@ -9,9 +10,12 @@ Measures, interleaved in one run, medians of:
       there are more variables than "auto" compiles, so this is the plain path);
   (a') the same pipeline with [pipeline] jit_compile = false (the plain path, as
       under a multi-replica strategy or with sparse gradients);
-  (b) Keras 3 LossScaleOptimizer(Adam(global_clipnorm=1)) in tf.function;
+  (b) Keras 3 LossScaleOptimizer(<rule>(global_clipnorm=1)) in tf.function;
   (c) the same Keras optimizer under jit_compile=True;
-  (d) the floor: one XLA kernel reading 4 arrays and writing 3 of the same size.
+  (d) the floor: one XLA function that reads and writes only what the rule must
+      (Adam: 4 reads, 3 writes; SGD with momentum: 3 reads, 2 writes).
+--no-xla leaves out (c) and (d), whose XLA compilation takes many minutes at
+2,000 variables.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--small", action="store_true", help="many small variables")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for CI")
+    parser.add_argument("--rule", choices=("adam", "sgd"), default="adam")
+    parser.add_argument("--no-xla", action="store_true",
+                        help="leave out the XLA cases (c) and (d)")
     args = parser.parse_args()
     if args.quick:
         args.params, args.repeats = 200_000, 3
@@ -55,45 +62,61 @@ def main() -> None:
     def variables() -> list[tf.Variable]:
         return [tf.Variable(tf.zeros([n])) for n in sizes]
 
+    if args.rule == "adam":
+        rule = {"kind": "adam", "learning_rate": 1e-3}
+        keras_rule = keras.optimizers.Adam
+        keras_args: dict = {}
+        bytes_per_param = 28
+    else:
+        rule = {"kind": "sgd", "learning_rate": 1e-3, "momentum": 0.9}
+        keras_rule = keras.optimizers.SGD
+        keras_args = {"momentum": 0.9}
+        bytes_per_param = 20
     table_ = {"loss_scale": {"kind": "dynamic"},
-              "transforms": [{"kind": "clip_by_global_norm", "clip_norm": 1.0},
-                             {"kind": "adam", "learning_rate": 1e-3}]}
+              "transforms": [{"kind": "clip_by_global_norm", "clip_norm": 1.0}, rule]}
+    name = args.rule.capitalize() if args.rule == "adam" else "SGD"
+    labels = {"a": "a  gradpipe", "a'": "a' gradpipe, jit_compile = false",
+              "b": f"b  Keras LSO({name})", "c": f"c  Keras LSO({name}), XLA",
+              "d": "d  floor (XLA)"}
     cases = {}
-    for label, jit in (("a  gradpipe", "auto"), ("a' gradpipe, jit_compile = false", False)):
+    for key, jit in (("a", "auto"), ("a'", False)):
         vs = variables()
         pipe = gradpipe.build({**table_, "pipeline": {"jit_compile": jit}})
         pipe.build(vs)
-        step = tf.function(lambda p=pipe, v=vs: p.apply_gradients(zip(grads, v)))
-        cases[label] = step
-    for label, jit in (("b  Keras LSO(Adam)", False), ("c  Keras LSO(Adam), XLA", True)):
+        cases[labels[key]] = tf.function(lambda p=pipe, v=vs: p.apply_gradients(zip(grads, v)))
+    for key, jit in (("b", False), ("c", True))[:1 if args.no_xla else 2]:
         vs = variables()
-        opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3,
-                                                                        global_clipnorm=1.0))
+        opt = keras.optimizers.LossScaleOptimizer(keras_rule(1e-3, global_clipnorm=1.0,
+                                                             **keras_args))
         opt.build(vs)
-        cases[label] = tf.function(lambda o=opt, v=vs: o.apply_gradients(zip(grads, v)),
-                                   jit_compile=jit)
+        cases[labels[key]] = tf.function(lambda o=opt, v=vs: o.apply_gradients(zip(grads, v)),
+                                         jit_compile=jit)
     p, m, v = variables(), variables(), variables()
 
     @tf.function(jit_compile=True)
-    def floor() -> None:  # read param, grad, m, v; write param, m, v
+    def floor() -> None:
         for i, g in enumerate(grads):
-            m_new = 0.9 * m[i] + 0.1 * g
-            v_new = 0.999 * v[i] + 0.001 * g * g
-            m[i].assign(m_new)
-            v[i].assign(v_new)
-            p[i].assign(p[i] - 1e-3 * m_new / (tf.sqrt(v_new) + 1e-7))
+            if args.rule == "adam":  # read param, grad, m, v; write param, m, v
+                m_new = 0.9 * m[i] + 0.1 * g
+                v_new = 0.999 * v[i] + 0.001 * g * g
+                m[i].assign(m_new)
+                v[i].assign(v_new)
+                p[i].assign(p[i] - 1e-3 * m_new / (tf.sqrt(v_new) + 1e-7))
+            else:  # read param, grad, m; write param, m
+                m_new = 0.9 * m[i] - 1e-3 * g
+                m[i].assign(m_new)
+                p[i].assign(p[i] + m_new)
 
-    cases["d  floor: 4 reads, 3 writes (XLA)"] = floor
+    if not args.no_xla:
+        cases[labels["d"]] = floor
     times = interleaved(cases, args.repeats, sync=lambda r: tf.constant(0).numpy())
-    a, a_jit = times["a  gradpipe"], times["a' gradpipe, jit_compile = false"]
-    b, c, d = (times["b  Keras LSO(Adam)"], times["c  Keras LSO(Adam), XLA"],
-               times["d  floor: 4 reads, 3 writes (XLA)"])
-    rows = [(name, f"{t * 1e3:.2f}", f"{28 * total / t / 1e9:.2f}") for name, t in times.items()]
-    title = (f"step benchmark: {total:,} float32 parameters in {len(sizes)} variables, "
-             f"median of {args.repeats} interleaved runs")
-    print(table(title, rows, ("case", "ms/step", "GB/s at 28 B/param")))
-    ratios = [("a/b", a / b), ("a/c", a / c), ("a/d", a / d),
-              ("a'/b", a_jit / b), ("a'/c", a_jit / c), ("a'/d", a_jit / d)]
+    rows = [(label, f"{t * 1e3:.2f}", f"{bytes_per_param * total / t / 1e9:.2f}")
+            for label, t in times.items()]
+    title = (f"step benchmark ({args.rule}): {total:,} float32 parameters in {len(sizes)} "
+             f"variables, median of {args.repeats} interleaved runs")
+    print(table(title, rows, ("case", "ms/step", f"GB/s at {bytes_per_param} B/param")))
+    ratios = [(f"{x}/{y}", times[labels[x]] / times[labels[y]])
+              for x in ("a", "a'") for y in ("b", "c", "d") if labels[y] in times]
     print(table("ratios (lower is faster)", [(k, f"{r:.3f}") for k, r in ratios],
                 ("ratio", "value")))
 

@@ -10,7 +10,8 @@ import pytest
 from conftest import ROOT
 
 
-@pytest.mark.parametrize("args", [["step.py"], ["step.py", "--small"], ["fit.py"],
+@pytest.mark.parametrize("args", [["step.py"], ["step.py", "--small"],
+                                  ["step.py", "--rule", "sgd", "--no-xla"], ["fit.py"],
                                   ["startup.py"], ["memory.py"]],
                          ids=lambda a: " ".join(a))
 def test_benchmark_runs_quick(args):
