@@ -35,7 +35,13 @@ from .summaries import (
     write_step_summaries,
     write_update_summaries,
 )
-from .transform import BuildContext, build_scope, record_squared_norm, squared_norm
+from .transform import (
+    BuildContext,
+    build_scope,
+    record_squared_norm,
+    squared_norm,
+    sum_of_squares,
+)
 
 # "auto" compiles steps over at most this many variables: XLA's compile time grows
 # with the number of variables (minutes at 2,000), its gain shrinks as they get small.
@@ -84,6 +90,7 @@ class Pipeline(tf.Module):
         self._guard = self._update_guard()
         self._scaler_takes_finite = self.loss_scaler is not None and "finite" in \
             inspect.signature(self.loss_scaler.update).parameters
+        self._power_of_two_scale = bool(getattr(self.loss_scaler, "power_of_two", False))
         # One XLA function for the whole update: fusion across every variable.
         self._compiled_step = tf.function(self._step, jit_compile=True, autograph=False)
         self._compiling = False
@@ -240,9 +247,13 @@ class Pipeline(tf.Module):
                 grads = self._run_chain(grads, only=self._pre_reduce)[0]
             grads = self.placement.reduce(grads)  # once, batched
         self._compiling = self._should_compile(grads)
+        # Outside XLA even when compiling: TF's fused L2Loss kernel reads each gradient
+        # once, XLA's reduction on CPU reads and writes it three times over.
+        scaled_total = (sum_of_squares(grads) if self._power_of_two_scale and not any(
+            isinstance(g, tf.IndexedSlices) for g in grads) else None)
         if self._compiling:
-            return self._compiled_step(grads)
-        return self._step(grads)
+            return self._compiled_step(grads, scaled_total)
+        return self._step(grads, scaled_total)
 
     def _should_compile(self, grads: list[Any]) -> bool:
         """``[pipeline] jit_compile``; ``"auto"`` compiles wherever that is known to be
@@ -292,12 +303,14 @@ class Pipeline(tf.Module):
 
     # -- the step ----------------------------------------------------------
 
-    def _step(self, grads: list[Any]) -> tf.Tensor:
+    def _step(self, grads: list[Any], scaled_total: Any) -> tf.Tensor:
+        """``scaled_total``: the sum of squares of the scaled gradients when the loss
+        scale is a power of two (see ``_finite_and_record_norm``), else ``None``."""
         with build_scope(self._context):  # squared_norm/require_finite reach this step
             self._context.shared.clear()
             scale = self.loss_scale
             # Half-precision gradients are unscaled in float32: g/S can underflow in fp16.
-            reciprocal = getattr(self.loss_scaler, "power_of_two", False)
+            reciprocal = self._power_of_two_scale
             raw = grads
 
             def unscaled() -> list[Any]:
@@ -305,8 +318,7 @@ class Pipeline(tf.Module):
                         for g, dtype in zip(raw, self._state.compute_dtypes)]
 
             grads = unscaled()
-            finite = _finite_and_record_norm(grads, unscaled, raw,
-                                             scale if reciprocal else None)
+            finite = _finite_and_record_norm(grads, unscaled, scaled_total, scale)
             if self.loss_scaler is not None:
                 _, should_apply = (self.loss_scaler.update(grads, finite=finite)
                                    if self._scaler_takes_finite
@@ -316,28 +328,46 @@ class Pipeline(tf.Module):
             k = self._spec.options.accumulation_steps
             if k > 1:
                 applied = self._accumulate(grads, finite, k)
+            elif self._compiling and self._guard != "updates":
+                applied = self._fused_update(grads, unscaled, finite)
             else:
-                applied = tf.cond(finite, lambda: self._update(self._branch_input(
-                    grads, unscaled)), lambda: tf.constant(False))
+                applied = tf.cond(finite, lambda: self._update(grads),
+                                  lambda: tf.constant(False))
             with tf.control_dependencies([applied]):
                 if not self._compiling:  # XLA cannot compile summary ops
                     write_step_summaries(self)
                 return tf.identity(applied)
 
-    def _branch_input(self, grads: list[Any], unscaled: Any) -> list[Any]:
-        """The gradients to use inside the update's branch.
+    def _fused_update(self, grads: list[Any], unscaled: Any, finite: tf.Tensor) -> tf.Tensor:
+        """The compiled step's update: one real XLA conditional around all of it.
 
-        Under XLA the branch is a real conditional, and gradients computed outside
-        it would be materialised as its operands; unscaling again inside lets XLA
-        fuse the unscaling into the update. The norm recorded for ``grads`` holds
-        for the new tensors too.
+        The chain is traced once outside the conditional, for the scalars its
+        transforms require finite (its tensor work is dead and eliminated), and
+        once inside, on gradients unscaled again there: nothing the size of the
+        parameters becomes an operand of the conditional, so XLA fuses unscaling,
+        chain and assignment.
         """
-        if not self._compiling:
-            return grads
-        fresh = unscaled()
-        if any(g is not None for g in grads):
+        ok = finite
+        if self._guard == "scalars":
+            ok = tf.logical_and(ok, self._required_finite(grads))
+
+        def commit() -> tf.Tensor:
+            fresh = unscaled()
             record_squared_norm(fresh, squared_norm(grads))
-        return fresh
+            return self._commit(fresh, *self._run_chain(fresh, skip=self._pre_reduce))
+
+        def reject() -> tf.Tensor:  # non-finite gradients are counted by _step already
+            self._skipped.assign_add(tf.cast(finite, tf.int64))
+            return tf.constant(False)
+
+        return tf.cond(ok, commit, reject)
+
+    def _required_finite(self, grads: list[Any]) -> tf.Tensor:
+        """Trace the chain for the scalars its transforms ``require_finite``."""
+        shared = self._context.shared
+        shared.pop("required_finite", None)
+        self._run_chain(grads, skip=self._pre_reduce)
+        return _all_finite(shared.pop("required_finite", []))
 
     def _accumulate(self, grads: list[Any], finite: tf.Tensor, k: int) -> tf.Tensor:
         store = self._state
@@ -388,10 +418,7 @@ class Pipeline(tf.Module):
         A NaN/Inf born inside the chain (0/0 in a trust ratio, an overflow) is skipped
         like a non-finite gradient. Where every transform ``preserves_finite``, the
         scalars they ``require_finite`` prove the updates finite; otherwise every
-        update element is checked. Either check needs its values before the first
-        assignment. Under XLA the compiled step therefore traces the chain twice:
-        once for the scalars (its tensor work is unused and eliminated), once
-        inside the branch that assigns, so computation and assignment fuse.
+        update element is checked. Either check comes before the first assignment.
         """
         chain = self._pre_reduce
         if self._can_apply_in_place(grads):
@@ -401,15 +428,9 @@ class Pipeline(tf.Module):
         shared = self._context.shared
         shared.pop("required_finite", None)
         updates, new_states = self._run_chain(grads, skip=chain)
-        if self._guard == "scalars":
-            finite = _all_finite(shared.pop("required_finite", []))
-            if self._compiling:
-                return tf.cond(finite, lambda: self._commit(
-                    grads, *self._run_chain(grads, skip=chain)), self._reject)
-        else:
-            finite = _all_finite([u for u, frozen in zip(updates, self._state.frozen)
-                                  if not frozen])
-        return tf.cond(finite, lambda: self._commit(grads, updates, new_states),
+        checks = (shared.pop("required_finite", []) if self._guard == "scalars" else
+                  [u for u, frozen in zip(updates, self._state.frozen) if not frozen])
+        return tf.cond(_all_finite(checks), lambda: self._commit(grads, updates, new_states),
                        self._reject)
 
     def _can_apply_in_place(self, grads: list[Any]) -> bool:
@@ -539,32 +560,26 @@ def _all_finite(tensors: Sequence[Any]) -> tf.Tensor:
     return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
 
-def _finite_and_record_norm(grads: Sequence[Any], unscaled: Any, raw: Sequence[Any],
-                            power_of_two_scale: Any) -> tf.Tensor:
+def _finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled_total: Any,
+                            scale: tf.Tensor) -> tf.Tensor:
     """Whether every gradient is finite, from the pass that also yields their norm.
 
     Dense gradients: the float32 sum of squares is finite exactly when every
     element is, unless it overflows; only then are the elements checked one by
     one. The sum is recorded for ``squared_norm``, so global-norm clipping reuses
     it: one read of the gradients serves the finite check and the norm. With a
-    power-of-two loss scale S the sum is taken over the scaled gradients and
-    divided by S**2, which is exact. The rare branches recompute the unscaled
-    gradients (``unscaled()``) from the scaled ones, so XLA never has to
-    materialise them and fuses the unscaling into the update.
+    power-of-two loss scale S the sum is taken over the scaled gradients
+    (``scaled_total``) and divided by S**2, which is exact. The rare branches
+    recompute the unscaled gradients (``unscaled()``) from the scaled ones, so
+    XLA never has to materialise them and fuses the unscaling into the update.
     """
     present = [g for g in grads if g is not None]
     if not present or any(isinstance(g, tf.IndexedSlices) for g in present):
         return _all_finite(present)
-
-    def sum_of_squares(tensors: Sequence[Any]) -> tf.Tensor:
-        return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
-                         for g in tensors if g is not None])
-
-    if power_of_two_scale is None:
+    if scaled_total is None:
         total = sum_of_squares(grads)
     else:
-        inverse = 1.0 / tf.cast(power_of_two_scale, tf.float32)
-        scaled_total = sum_of_squares(raw)
+        inverse = 1.0 / tf.cast(scale, tf.float32)
         # Only an overflow (or underflow) of the scaled sum needs the unscaled one.
         total = tf.cond(tf.math.is_finite(scaled_total) & (scaled_total < 2.0**100),
                         lambda: scaled_total * inverse * inverse,
