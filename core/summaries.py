@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from .fields import HYPER
 from .spec import PipelineSpec
-from .transform import hyper
+from .transform import hyper, squared_norm
 
 
 def _scalar(tag: str, value: Any, step: Any) -> None:
@@ -54,11 +54,7 @@ def write_update_summaries(pipe: Any, grads: list[Any], updates: list[Any]) -> N
     if "global_gradient_norm" in wanted:
         norm = pipe._context.shared.get("global_norm")  # computed once by clipping
         if norm is None:
-            from .pipeline import _values
-
-            squares = [tf.reduce_sum(tf.square(tf.cast(_values(g), tf.float32)))
-                       for g in grads if g is not None]
-            norm = tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0)
+            norm = tf.sqrt(squared_norm(grads))  # the engine's sum when it has one
         _scalar("global_gradient_norm", norm, step=step)
     if "clipping_factors" in wanted:
         for slots in pipe._state.slots.values():
@@ -67,7 +63,8 @@ def write_update_summaries(pipe: Any, grads: list[Any], updates: list[Any]) -> N
                     _scalar(f"clipping_factors/{name.split('/', 1)[1]}", var,
                                       step=step)
     if "update_ratios" in wanted:
-        from .pipeline import _values, variable_path
+        from .pipeline import variable_path
+        from .step import _values
 
         for var, update in zip(pipe._state.variables, updates):
             if update is None:

@@ -128,7 +128,7 @@ def test_auto_keeps_the_plain_path_for_sparse_gradients_writers_and_strategies(t
         assert not pipe._should_compile([tf.ones((4, 2))])
     with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
         assert not pipe._should_compile([tf.ones((4, 2))])
-    many = [tf.ones(1)] * (gradpipe.pipeline.AUTO_JIT_MAX_VARIABLES + 1)
+    many = [tf.ones(1)] * (gradpipe.step.AUTO_JIT_MAX_VARIABLES + 1)
     assert not pipe._should_compile(many)
 
 
@@ -193,7 +193,7 @@ def test_an_unguarded_chain_still_checks_every_update():
 @pytest.mark.parametrize("scale, exact", [(2.0**15, True), (1.0, True), (2.0**-3, True),
                                           (1000.0, False), (3.0, False)])
 def test_power_of_two_scales_unscale_by_multiplication_bit_for_bit(scale, exact):
-    from gradpipe.pipeline import _unscale
+    from gradpipe.step import _unscale
 
     if scale >= 1:  # a fixed scale is at least 1
         scaler = gradpipe.build({"loss_scale": {"kind": "fixed", "loss_scale_value": scale},

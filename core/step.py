@@ -1,0 +1,352 @@
+"""What one step does: the engine half of :class:`gradpipe.pipeline.Pipeline`.
+
+``Pipeline.apply_gradients`` reduces the gradients across replicas and hands
+them to :meth:`StepEngine._step`, traced either plainly or as one XLA
+function (``[pipeline] jit_compile``). The step unscales, checks finiteness in
+the same pass that yields the global norm, updates the loss scale, and runs the
+chain and the assignments under one guard, so a skipped step changes nothing
+(DESIGN §5). docs/performance.md measures each path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from .errors import GradpipeError
+from .summaries import write_step_summaries, write_update_summaries
+from .transform import build_scope, record_squared_norm, squared_norm, sum_of_squares
+
+# "auto" compiles steps over at most this many variables: XLA's compile time grows
+# with the number of variables (minutes at 2,000), its gain shrinks as they get small.
+AUTO_JIT_MAX_VARIABLES = 256
+
+
+class StepEngine:
+    """The step's methods; the state they use is created by ``Pipeline.__init__``."""
+
+    _spec: Any
+    _state: Any
+    _transforms: list[Any]
+    _context: Any
+    _iterations: tf.Variable
+    _skipped: tf.Variable
+    _micro_steps: tf.Variable
+    _pre_reduce: set[int]
+    _guard: str
+    _compiling: bool
+    _power_of_two_scale: bool
+    _scaler_takes_finite: bool
+    loss_scaler: Any
+    placement: Any
+    strategy: Any
+    loss_scale: Any
+
+    def _should_compile(self, grads: list[Any]) -> bool:
+        """``[pipeline] jit_compile``; ``"auto"`` compiles wherever that is known to be
+        safe and to pay: one device, dense gradients, components that declare
+        ``xla_compatible``, no summary writer, and few enough variables to compile
+        quickly (see docs/performance.md)."""
+        mode = self._spec.options.jit_compile
+        if mode != "auto":
+            return bool(mode)
+        components = [t.config for t in self._spec.transforms]
+        if self._spec.loss_scale is not None:
+            components.append(self._spec.loss_scale.config)
+        recording = tf.get_static_value(tf.summary.should_record_summaries())
+        return (all(getattr(c, "xla_compatible", False) for c in components)
+                and not tf.distribute.has_strategy()
+                and (self.placement is None or self.strategy.num_replicas_in_sync == 1)
+                and not any(isinstance(g, tf.IndexedSlices) for g in grads)
+                and len(grads) <= AUTO_JIT_MAX_VARIABLES
+                and recording is not None and not recording)
+
+    def _update_guard(self) -> str:
+        """How a step proves its updates finite before assigning them.
+
+        ``"scalars"`` when every transform of the update ``preserves_finite``: the
+        scalars they ``require_finite`` suffice, so the updates are never
+        materialised and XLA fuses computation and assignment. ``"updates"``
+        otherwise: every update element is checked. ``"none"`` with
+        ``check_updates = false``.
+        """
+        if not self._spec.options.check_updates:
+            return "none"
+        chain = [t for i, t in enumerate(self._spec.transforms) if i not in self._pre_reduce]
+        if all(getattr(t.config, "preserves_finite", False) for t in chain):
+            return "scalars"
+        return "updates"
+
+    def _step(self, grads: list[Any], scaled_total: Any) -> tf.Tensor:
+        """``scaled_total``: the sum of squares of the scaled gradients when the loss
+        scale is a power of two (see ``_finite_and_record_norm``), else ``None``."""
+        with build_scope(self._context):  # squared_norm/require_finite reach this step
+            self._context.shared.clear()
+            scale = self.loss_scale
+            # Half-precision gradients are unscaled in float32: g/S can underflow in fp16.
+            reciprocal = self._power_of_two_scale
+            raw = grads
+
+            def unscaled() -> list[Any]:
+                return [None if g is None else _unscale(g, scale, dtype, reciprocal)
+                        for g, dtype in zip(raw, self._state.compute_dtypes)]
+
+            grads = unscaled()
+            finite = _finite_and_record_norm(grads, unscaled, scaled_total, scale)
+            if self.loss_scaler is not None:
+                _, should_apply = (self.loss_scaler.update(grads, finite=finite)
+                                   if self._scaler_takes_finite
+                                   else self.loss_scaler.update(grads))
+                finite = tf.logical_and(finite, tf.cast(should_apply, tf.bool))
+            self._skipped.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+            k = self._spec.options.accumulation_steps
+            if k > 1:
+                applied = self._accumulate(grads, finite, k)
+            elif self._compiling and self._guard != "updates":
+                applied = self._fused_update(grads, unscaled, finite)
+            else:
+                applied = tf.cond(finite, lambda: self._update(grads),
+                                  lambda: tf.constant(False))
+            with tf.control_dependencies([applied]):
+                if not self._compiling:  # XLA cannot compile summary ops
+                    write_step_summaries(self)
+                return tf.identity(applied)
+
+    def _fused_update(self, grads: list[Any], unscaled: Any, finite: tf.Tensor) -> tf.Tensor:
+        """The compiled step's update: one real XLA conditional around all of it.
+
+        The chain is traced once outside the conditional, for the scalars its
+        transforms require finite (its tensor work is dead and eliminated), and
+        once inside, on gradients unscaled again there: nothing the size of the
+        parameters becomes an operand of the conditional, so XLA fuses unscaling,
+        chain and assignment.
+        """
+        ok = finite
+        if self._guard == "scalars":
+            ok = tf.logical_and(ok, self._required_finite(grads))
+
+        def commit() -> tf.Tensor:
+            fresh = unscaled()
+            record_squared_norm(fresh, squared_norm(grads))
+            return self._commit(fresh, *self._run_chain(fresh, skip=self._pre_reduce))
+
+        def reject() -> tf.Tensor:  # non-finite gradients are counted by _step already
+            self._skipped.assign_add(tf.cast(finite, tf.int64))
+            return tf.constant(False)
+
+        return tf.cond(ok, commit, reject)
+
+    def _required_finite(self, grads: list[Any]) -> tf.Tensor:
+        """Trace the chain for the scalars its transforms ``require_finite``."""
+        shared = self._context.shared
+        shared.pop("required_finite", None)
+        self._run_chain(grads, skip=self._pre_reduce)
+        return _all_finite(shared.pop("required_finite", []))
+
+    def _accumulate(self, grads: list[Any], finite: tf.Tensor, k: int) -> tf.Tensor:
+        store = self._state
+
+        def add() -> tf.Tensor:
+            micro = self._micro_steps.assign_add(1)
+            store.accumulate(grads)
+            return tf.equal(micro % k, 0)
+
+        complete = tf.cond(finite, add, lambda: tf.constant(False))
+
+        def apply() -> tf.Tensor:
+            mean = store.accumulated(k, like=grads)
+            applied = self._update(mean)
+            with tf.control_dependencies([applied]):
+                store.reset_accumulators()
+            return tf.identity(applied)
+
+        return tf.cond(complete, apply, lambda: tf.constant(False))
+
+    def _run_chain(self, grads: list[Any], only: set[int] | None = None,
+                   skip: set[int] | None = None) -> tuple[list[Any], list[Any]]:
+        """Run the transforms in file order; return the updates and the new states."""
+        store = self._state
+        variables = store.variables
+        updates = list(grads)
+        new_states = []
+        for i, (spec, transform) in enumerate(zip(self._spec.transforms,
+                                                  self._transforms)):
+            state = store.read(i)
+            if (only is not None and i not in only) or (skip and i in skip):
+                new_states.append(state)
+                continue
+            mask = store.masks[i]
+            masked = [u if m else None for u, m in zip(updates, mask)]
+            result, state = transform.update(masked, state, variables)
+            if len(result) != len(variables):
+                raise GradpipeError(
+                    f"transform {spec.name!r} at {spec.path} returned {len(result)} "
+                    f"updates for {len(variables)} variables")
+            updates = [r if m else u for r, u, m in zip(result, updates, mask)]
+            new_states.append(state)
+        return updates, new_states
+
+    def _update(self, grads: list[Any]) -> tf.Tensor:
+        """Run the chain and assign, unless a NaN/Inf would reach the weights.
+
+        A NaN/Inf born inside the chain (0/0 in a trust ratio, an overflow) is skipped
+        like a non-finite gradient. Where every transform ``preserves_finite``, the
+        scalars they ``require_finite`` prove the updates finite; otherwise every
+        update element is checked. Either check comes before the first assignment.
+        """
+        chain = self._pre_reduce
+        if self._can_apply_in_place(grads):
+            return self._update_in_place(grads)
+        if self._guard == "none":
+            return self._commit(grads, *self._run_chain(grads, skip=chain))
+        shared = self._context.shared
+        shared.pop("required_finite", None)
+        updates, new_states = self._run_chain(grads, skip=chain)
+        checks = (shared.pop("required_finite", []) if self._guard == "scalars" else
+                  [u for u, frozen in zip(updates, self._state.frozen) if not frozen])
+        return tf.cond(_all_finite(checks), lambda: self._commit(grads, updates, new_states),
+                       self._reject)
+
+    def _can_apply_in_place(self, grads: list[Any]) -> bool:
+        """Whether the last transform may update its variables and state in place.
+
+        Only on the plain path, on one device, where nothing else needs the
+        updates: its check is by scalars (or off), it covers every variable, no
+        variable is frozen or has a float32 master, the gradients are dense and
+        no summary writer wants the updates.
+        """
+        last = len(self._transforms) - 1
+        store = self._state
+        recording = tf.get_static_value(tf.summary.should_record_summaries())
+        return (self._transforms[last].apply is not None
+                and not self._compiling and self._guard != "updates"
+                and last not in self._pre_reduce and all(store.masks[last])
+                and not any(store.frozen) and not store.masters
+                and not tf.distribute.has_strategy()
+                and (self.placement is None or self.strategy.num_replicas_in_sync == 1)
+                and not any(isinstance(g, tf.IndexedSlices) for g in grads)
+                and recording is not None and not recording)
+
+    def _update_in_place(self, grads: list[Any]) -> tf.Tensor:
+        """The chain up to its last transform, then that transform's fused ``apply``.
+
+        The last transform's ``update`` is traced only for the scalars it requires
+        finite; its tensor work is unused and pruned.
+        """
+        last = len(self._transforms) - 1
+        store, shared = self._state, self._context.shared
+        shared.pop("required_finite", None)
+        inputs, new_states = self._run_chain(grads, skip=self._pre_reduce | {last})
+        finite = tf.constant(True)
+        if self._guard == "scalars":
+            self._transforms[last].update(inputs, store.read(last), store.variables)
+            finite = _all_finite(shared.pop("required_finite", []))
+
+        def commit() -> tf.Tensor:
+            ops = store.write(new_states, skip=last)
+            with tf.control_dependencies(ops):
+                ops = ops + list(self._transforms[last].apply(
+                    inputs, store.slot_variables(last), store.variables))
+            with tf.control_dependencies(ops):
+                self._iterations.assign_add(1)
+            with tf.control_dependencies([self._iterations.read_value()]):
+                return tf.constant(True)
+
+        return tf.cond(finite, commit, self._reject)
+
+    def _commit(self, grads: list[Any], updates: list[Any], new_states: list[Any]) -> tf.Tensor:
+        """Assign the new state and subtract the updates; everything is computed."""
+        store = self._state
+        ops = store.write(new_states)
+        for var, update, frozen in zip(store.variables, updates, store.frozen):
+            if update is not None and not frozen:
+                ops.append(_subtract(var, update))
+        with tf.control_dependencies(ops):
+            ops = ops + store.refresh_from_masters(updates)
+        with tf.control_dependencies(ops):
+            self._iterations.assign_add(1)
+        with tf.control_dependencies(ops + [self._iterations.read_value()]):
+            if not self._compiling:
+                write_update_summaries(self, grads, updates)
+                return tf.constant(True)
+            return _real_branch_marker(self._iterations)
+
+    def _reject(self) -> tf.Tensor:
+        self._skipped.assign_add(1)
+        return tf.constant(False)
+
+
+def _unscale(g: Any, scale: tf.Tensor, dtype: tf.DType, reciprocal: bool) -> Any:
+    """``g / scale`` in ``dtype`` (division, as Keras does: exact for any scale).
+
+    For a scale that is always a power of two in the normal range (``reciprocal``),
+    ``g * (1/scale)`` is the same, bit for bit, and a multiplication is cheaper.
+    """
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(_unscale(g.values, scale, dtype, reciprocal), g.indices,
+                                g.dense_shape)
+    if reciprocal and dtype in (tf.float32, tf.float64):
+        return tf.cast(g, dtype) * tf.cast(1.0 / scale, dtype)
+    return tf.cast(g, dtype) / tf.cast(scale, dtype)
+
+
+def _values(g: Any) -> tf.Tensor:
+    return g.values if isinstance(g, tf.IndexedSlices) else g
+
+
+def _all_finite(tensors: Sequence[Any]) -> tf.Tensor:
+    """One scalar: every non-None tensor is finite (IndexedSlices: values; bool: true)."""
+    checks = [t if t.dtype == tf.bool else tf.reduce_all(tf.math.is_finite(t))
+              for t in (_values(t) for t in tensors if t is not None)]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def _finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled_total: Any,
+                            scale: tf.Tensor) -> tf.Tensor:
+    """Whether every gradient is finite, from the pass that also yields their norm.
+
+    Dense gradients: the float32 sum of squares is finite exactly when every
+    element is, unless it overflows; only then are the elements checked one by
+    one. The sum is recorded for ``squared_norm``, so global-norm clipping reuses
+    it: one read of the gradients serves the finite check and the norm. With a
+    power-of-two loss scale S the sum is taken over the scaled gradients
+    (``scaled_total``) and divided by S**2, which is exact. The rare branches
+    recompute the unscaled gradients (``unscaled()``) from the scaled ones, so
+    XLA never has to materialise them and fuses the unscaling into the update.
+    """
+    present = [g for g in grads if g is not None]
+    if not present or any(isinstance(g, tf.IndexedSlices) for g in present):
+        return _all_finite(present)
+    if scaled_total is None:
+        total = sum_of_squares(grads)
+    else:
+        inverse = 1.0 / tf.cast(scale, tf.float32)
+        # Only an overflow (or underflow) of the scaled sum needs the unscaled one.
+        total = tf.cond(tf.math.is_finite(scaled_total) & (scaled_total < 2.0**100),
+                        lambda: scaled_total * inverse * inverse,
+                        lambda: sum_of_squares(unscaled()))
+    record_squared_norm(grads, total)
+    return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True),
+                   lambda: _all_finite(unscaled()))
+
+
+def _real_branch_marker(counter: tf.Variable) -> tf.Tensor:
+    """``True``, computed by an op XLA does not count as elementwise (a cumsum).
+
+    XLA turns a conditional whose branches hold only elementwise ops into
+    selects: the update is then computed on every call, skipped or not, and
+    every new slot value is computed from old values that the in-place writes
+    overwrite, so XLA first copies every slot. One such op keeps the update a
+    real conditional, measured 12-16% faster (docs/performance.md).
+    """
+    value = counter.read_value()
+    return tf.math.cumsum(tf.stack([value, value + 1]))[1] > value
+
+
+def _subtract(var: tf.Variable, update: Any) -> Any:
+    if isinstance(update, tf.IndexedSlices):
+        return var.scatter_sub(tf.IndexedSlices(tf.cast(update.values, var.dtype),
+                                                update.indices, update.dense_shape))
+    return var.assign_sub(tf.cast(update, var.dtype))
