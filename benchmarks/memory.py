@@ -2,6 +2,8 @@
 
     python benchmarks/memory.py [--params N] [--quick]
 
+Cases: gradpipe (default options: one XLA function here), gradpipe-plain
+(jit_compile = false), and Keras LossScaleOptimizer(Adam) without and with XLA.
 Runs each case in a fresh process and reports the growth of peak RSS over the
 process after TensorFlow start-up and variable creation, against the bytes of
 the optimizer state (two Adam moments): anything above is a hidden copy.
@@ -27,16 +29,18 @@ grads = [tf.ones([n // variables]) for _ in range(variables)]
 def rss():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 base = rss()
-if case == "gradpipe":
+if case.startswith("gradpipe"):
     pipe = gradpipe.build({"loss_scale": {"kind": "dynamic"}, "transforms": [
-        {"kind": "clip_by_global_norm", "clip_norm": 1.0}, {"kind": "adam"}]})
+        {"kind": "clip_by_global_norm", "clip_norm": 1.0}, {"kind": "adam"}],
+        "pipeline": {"jit_compile": "auto" if case == "gradpipe" else False}})
     pipe.build(vs)
     step = tf.function(lambda: pipe.apply_gradients(zip(grads, vs)))
 else:
     import keras
     opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(global_clipnorm=1.0))
     opt.build(vs)
-    step = tf.function(lambda: opt.apply_gradients(zip(grads, vs)))
+    step = tf.function(lambda: opt.apply_gradients(zip(grads, vs)),
+                       jit_compile=case == "keras-xla")
 for _ in range(5):
     step()
 print(json.dumps({"growth": rss() - base}))
@@ -53,7 +57,7 @@ def main() -> None:
         args.params, args.variables = 1_000_000, 10
     state = 2 * 4 * args.params  # two float32 moments
     rows = []
-    for case in ("gradpipe", "keras"):
+    for case in ("gradpipe", "gradpipe-plain", "keras", "keras-xla"):
         out = subprocess.run([sys.executable, "-c", CHILD, str(args.params),
                               str(args.variables), case], capture_output=True, text=True,
                              check=True)

@@ -150,7 +150,59 @@ def _check_transform(name: str, table: dict[str, Any]) -> None:
     except (ValueError, TypeError) as exc:
         raise ContractError(f"transform {name!r}: the state changed structure: {exc}") \
             from None
+    _check_fast_path_declarations(name, table)
     _check_pipeline_steps("transform", name, table)
+
+
+def _run(table: dict[str, Any], grads: list[Any], patch: Any = None) -> Any:
+    """Weights, state and applied flags after ``tf.function`` steps of ``table``."""
+    import tensorflow as tf
+
+    from .api import build
+
+    variables = _variables(tf)[:1]
+    pipe = build(table)
+    pipe.build(variables)
+    if patch is not None:
+        patch(pipe)
+    step = tf.function(lambda g: pipe.apply_gradients([(g, variables[0])]))
+    applied = [bool(step(tf.constant(g, tf.float32))) for g in grads]
+    state = [v.numpy() for v in pipe.named_variables().values()]
+    return [variables[0].numpy(), *state], applied
+
+
+def _check_fast_path_declarations(name: str, table: dict[str, Any]) -> None:
+    """What ``xla_compatible``, ``preserves_finite`` and ``apply`` promise holds."""
+    import numpy as np
+
+    from .build import component_spec, create
+
+    config_table = _pipeline("transform", table)
+    config = component_spec("transform", table).config
+    grads = [[[0.3, -0.1], [0.2, 0.4]], [[-0.2, 0.5], [0.1, -0.3]], [[0.4, 0.2], [-0.1, 0.1]]]
+    if getattr(config, "xla_compatible", False):
+        plain, _ = _run({**config_table, "pipeline": {"jit_compile": False}}, grads)
+        fused, _ = _run({**config_table, "pipeline": {"jit_compile": True}}, grads)
+        if not all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(plain, fused)):
+            raise ContractError(f"transform {name!r} declares xla_compatible, but its "
+                                f"results differ under XLA: {plain} vs {fused}")
+    if getattr(config, "preserves_finite", False):
+        huge = [[[1e18, -3e18], [2e18, 1e18]], [[1e30, 1e-30], [-1e30, 0.0]]] * 2
+        values, applied = _run(config_table, huge)
+        if not all(np.isfinite(v).all() for v in values):
+            raise ContractError(f"transform {name!r} declares preserves_finite, but "
+                                f"finite gradients left non-finite values ({applied=})")
+    if create("transform", table).apply is not None:
+        def functional(pipe: Any) -> None:
+            for i, t in enumerate(pipe._transforms):
+                pipe._transforms[i] = t._replace(apply=None)
+
+        options = {**config_table, "pipeline": {"jit_compile": False}}
+        in_place, _ = _run(options, grads)
+        reference, _ = _run(options, grads, functional)
+        if not all(np.array_equal(a, b) for a, b in zip(in_place, reference)):
+            raise ContractError(f"transform {name!r}: apply() and update() disagree: "
+                                f"{in_place} vs {reference}")
 
 
 def _check_pipeline_steps(kind: str, name: str, table: dict[str, Any]) -> None:

@@ -12,19 +12,18 @@ def test_builtin_contract(kind, name):
     check_component(kind, name)
 
 
-def _register(name, update):
-    """Register an in-process test plugin whose transform uses ``update``."""
+def _register(name, update, apply=None, **declarations):
+    """Register an in-process test plugin whose transform uses ``update`` (and ``apply``),
+    its config class carrying ``declarations`` (``preserves_finite=True``...)."""
     import attrs
 
     import gradpipe
     from gradpipe.registry import Provider, get_registry
 
-    @attrs.frozen(kw_only=True)
-    class Config:
-        pass
+    Config = attrs.frozen(kw_only=True)(type("Config", (), dict(declarations)))
 
     def factory(cfg):
-        return gradpipe.Transform(gradpipe.no_state, update)
+        return gradpipe.Transform(gradpipe.no_state, update, apply)
 
     class Plugin:
         @gradpipe.hookimpl
@@ -55,3 +54,28 @@ def test_suite_catches_numpy_inside_the_step():
     _register("calls_numpy", update)
     with pytest.raises(ContractError, match=r"(?s)failed inside tf.function.*no \.numpy\(\)"):
         check_component("transform", "calls_numpy")
+
+
+def test_suite_catches_a_false_preserves_finite_declaration():
+    from gradpipe.testing import ContractError
+
+    def update(grads, state, variables):  # 1/g overflows for tiny finite gradients
+        return [None if g is None else 1.0 / (g * 1e-30) for g in grads], state
+
+    _register("claims_finite", update, preserves_finite=True)
+    with pytest.raises(ContractError, match="declares preserves_finite"):
+        check_component("transform", "claims_finite")
+
+
+def test_suite_catches_an_apply_that_differs_from_update():
+    from gradpipe.testing import ContractError
+
+    def update(grads, state, variables):
+        return [None if g is None else g * 0.1 for g in grads], state
+
+    def apply(grads, slots, variables):
+        return [v.assign_sub(g * 0.2) for g, v in zip(grads, variables) if g is not None]
+
+    _register("sloppy_apply", update, apply, update_rule=True, preserves_finite=True)
+    with pytest.raises(ContractError, match=r"apply\(\) and update\(\) disagree"):
+        check_component("transform", "sloppy_apply")

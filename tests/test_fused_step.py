@@ -270,3 +270,23 @@ def test_the_in_place_path_is_taken_only_where_nothing_else_needs_the_updates():
         "decay_rates": [0.1]}}], "pipeline": {"jit_compile": False}}
     # a scheduled rate has no static bound: every update is checked, so no kernel
     assert _kernel_ops(scheduled, [tf.Variable(x) for x in INIT]) == set()
+
+
+def test_the_compiled_step_materialises_nothing_parameter_sized_outside_its_update():
+    """XLA: every parameter-sized value is computed inside the update's conditional,
+    fused with its assignment; the entry computation copies or fuses none (the
+    gradients' sum of squares is taken before the XLA function)."""
+    size = 12_345
+    variables = [tf.Variable(tf.zeros([size])), tf.Variable(tf.zeros([size]))]
+    pipe = gradpipe.build(CLIP_ADAM)
+    grads = [tf.ones([size]), tf.ones([size])]
+    pipe.apply_gradients(zip(grads, variables))
+    assert pipe._compiling
+    aligned = pipe._state.align(list(zip(grads, variables)))
+    hlo = pipe._compiled_step.experimental_get_compiler_ir(
+        aligned, gradpipe.transform.sum_of_squares(aligned))(stage="optimized_hlo")
+    entry = hlo[hlo.index("\nENTRY"):]
+    sized = [line for line in entry.splitlines()
+             if f"f32[{size}]" in line.split("=")[-1].split("(")[0]
+             and ("fusion(" in line or "copy(" in line)]
+    assert sized == [], sized
