@@ -56,11 +56,23 @@ def _with(table: dict, **options) -> dict:
     return {**table, "pipeline": {**table.get("pipeline", {}), **options}}
 
 
-def test_auto_compiles_a_dense_single_device_step():
-    _, _, _, pipe = _run(CLIP_ADAM, GRADS[:1])
-    assert pipe._compiling and pipe._guard == "scalars"
-    _, _, _, plain = _run(_with(CLIP_ADAM, jit_compile=False), GRADS[:1])
-    assert not plain._compiling
+def _decides(table: dict, shapes: list[tuple[int, ...]]) -> bool:
+    """Whether ``jit_compile = "auto"`` compiles ``table``'s step over these variables."""
+    pipe = gradpipe.build(table)
+    pipe.build([tf.Variable(tf.zeros(s)) for s in shapes])
+    return pipe._should_compile([tf.zeros(s) for s in shapes])
+
+
+LARGE = [(256, 128), (128,), (512, 64)]  # mean 19k elements: XLA pays
+
+
+def test_auto_compiles_few_large_variables_only():
+    assert _decides(CLIP_ADAM, LARGE)
+    assert not _decides(CLIP_ADAM, SHAPES)  # small: per-op overhead, not bandwidth
+    many = [(16_384,)] * (gradpipe.step.AUTO_JIT_MAX_VARIABLES + 1)
+    assert not _decides(CLIP_ADAM, many)  # compile time grows with every variable
+    assert not _decides(_with(CLIP_ADAM, jit_compile=False), LARGE)
+    assert _decides(_with(CLIP_ADAM, jit_compile=True), SHAPES)
 
 
 @pytest.mark.parametrize("options", [{}, {"check_updates": False}],
@@ -68,7 +80,7 @@ def test_auto_compiles_a_dense_single_device_step():
 def test_fused_and_plain_paths_agree(options):
     """Same skips, same loss-scale trajectory, weights and slots within 1e-6."""
     table = _with(CLIP_ADAM, **options)
-    fused = _run(table)
+    fused = _run(_with(table, jit_compile=True))
     plain = _run(_with(table, jit_compile=False))
     assert fused[3]._compiling and not plain[3]._compiling
     assert fused[2] == plain[2] == [True, True, False, True, True, True, False, True, True]
@@ -80,7 +92,7 @@ def test_fused_and_plain_paths_agree(options):
         plain[1]["loss_scale/current_loss_scale"]
 
 
-@pytest.mark.parametrize("jit", [False, "auto"], ids=["plain", "fused"])
+@pytest.mark.parametrize("jit", [False, True], ids=["plain", "fused"])
 def test_scalar_guard_and_update_guard_agree(jit):
     """A preserves_finite chain guarded by scalars gives exactly what checking every
     update gives, including steps a schedule makes non-finite."""
@@ -108,28 +120,26 @@ def test_an_out_of_range_scheduled_beta_is_skipped_by_the_scalar_guard():
     assert np.isfinite(np.concatenate([w.ravel() for w in weights])).all()
 
 
-@pytest.mark.parametrize("table, reason", [
-    ({"transforms": [{"kind": "adagrad"}]}, "a transform that does not declare it"),
-    ({"transforms": [{"kind": "adam"}], "pipeline": {"summaries": []}}, None),
+@pytest.mark.parametrize("table, compiles", [
+    ({"transforms": [{"kind": "adagrad"}]}, False),  # does not declare xla_compatible
+    ({"transforms": [{"kind": "adam"}], "loss_scale": {"kind": "backoff"}}, True),
 ])
-def test_auto_needs_every_component_to_declare_xla(table, reason):
-    _, _, _, pipe = _run(table, GRADS[:1])
-    assert pipe._compiling is (reason is None)
+def test_auto_needs_every_component_to_declare_xla(table, compiles):
+    assert _decides(table, LARGE) is compiles
 
 
 def test_auto_keeps_the_plain_path_for_sparse_gradients_writers_and_strategies(tmp_path):
     pipe = gradpipe.build({"transforms": [{"kind": "adam"}]})
-    var = tf.Variable(np.ones((4, 2), "f4"))
+    var = tf.Variable(np.ones((16_384, 2), "f4"))
     pipe.build([var])
-    sparse = tf.IndexedSlices(tf.ones((1, 2)), tf.constant([1]), tf.constant([4, 2]))
+    dense = [tf.ones((16_384, 2))]
+    sparse = tf.IndexedSlices(tf.ones((1, 2)), tf.constant([1]), tf.constant([16_384, 2]))
+    assert pipe._should_compile(dense)
     assert not pipe._should_compile([sparse])
-    assert pipe._should_compile([tf.ones((4, 2))])
     with tf.summary.create_file_writer(str(tmp_path)).as_default():
-        assert not pipe._should_compile([tf.ones((4, 2))])
+        assert not pipe._should_compile(dense)
     with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
-        assert not pipe._should_compile([tf.ones((4, 2))])
-    many = [tf.ones(1)] * (gradpipe.step.AUTO_JIT_MAX_VARIABLES + 1)
-    assert not pipe._should_compile(many)
+        assert not pipe._should_compile(dense)
 
 
 def _step_ops(concrete) -> list:
@@ -278,7 +288,7 @@ def test_the_compiled_step_materialises_nothing_parameter_sized_outside_its_upda
     gradients' sum of squares is taken before the XLA function)."""
     size = 12_345
     variables = [tf.Variable(tf.zeros([size])), tf.Variable(tf.zeros([size]))]
-    pipe = gradpipe.build(CLIP_ADAM)
+    pipe = gradpipe.build(_with(CLIP_ADAM, jit_compile=True))
     grads = [tf.ones([size]), tf.ones([size])]
     pipe.apply_gradients(zip(grads, variables))
     assert pipe._compiling
