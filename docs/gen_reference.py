@@ -65,6 +65,21 @@ def _attribute_docs(cls: type) -> dict[str, str]:
     return found
 
 
+def _fast_path(cls: type) -> str:
+    """The step's fast paths this component declares (docs/performance.md)."""
+    found = []
+    if getattr(cls, "xla_compatible", False):
+        found.append('compiles under XLA (`jit_compile = "auto"`)')
+    declared = inspect.getattr_static(cls, "preserves_finite", False)
+    if isinstance(declared, property):  # depends on the config: say when
+        if getattr(cls(), "preserves_finite", False):
+            when = (inspect.getdoc(declared) or "").split("\n")[0].rstrip(".")
+            found.append(f"updates proved finite by scalars ({when[0].lower()}{when[1:]})")
+    elif declared:
+        found.append("updates proved finite by scalars")
+    return "; ".join(found)
+
+
 def render() -> str:
     registry = get_registry().load_all()
     out = ["# Component reference", "",
@@ -81,6 +96,9 @@ def render() -> str:
             cls = comp.config_cls
             summary = (inspect.getdoc(comp.factory) or inspect.getdoc(cls) or "").split("\n")[0]
             out += [f"### `{name}`", "", summary, ""]
+            fast = _fast_path(cls)
+            if fast:
+                out += [f"Fast path: {fast}.", ""]
             docs = _attribute_docs(cls)
             fields = attrs.fields(cls)
             if not fields:

@@ -46,9 +46,11 @@ class SGDConfig:
 
     @property
     def preserves_finite(self) -> bool:
-        """|m| <= lr * max|g| / (1 - momentum) and max|g| <= 2**64: finite for a
-        constant rate and momentum < 1 keeping that bound below the float32 maximum
-        (a schedule's history is not known to the bound: such updates are checked)."""
+        """When the rate and momentum are constants, momentum < 1.
+
+        |m| <= lr * max|g| / (1 - momentum) and max|g| <= 2**64: finite while that
+        bound stays below the float32 maximum (a schedule's history is not known to
+        the bound: such updates are checked element by element)."""
         lr, mu = self.learning_rate, self.momentum
         return (isinstance(lr, float) and isinstance(mu, float) and mu < 1
                 and lr * _LARGEST_ELEMENT / (1 - mu) * (1 + mu) < 3.4e38)
@@ -146,7 +148,9 @@ class AdamConfig:
 
     @property
     def preserves_finite(self) -> bool:
-        """|m| stays below the largest input element and the step below
+        """When ``epsilon > 0``.
+
+        |m| stays below the largest input element and the step below
         ``alpha * |m| / epsilon``: finite when epsilon > 0 (0/0 otherwise)."""
         return self.epsilon > 0
 
