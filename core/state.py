@@ -173,6 +173,10 @@ class StateStore(tf.Module):
         slots = self.slots[key]
         return tf.nest.pack_sequence_as(structure, [slots[n].read_value() for n in names])
 
+    def layout_items(self) -> list[tuple[str, Any, list[str]]]:
+        """``(key, structure, slot names)`` of every transform, in chain order."""
+        return list(self._layout.items)
+
     def slot_variables(self, i: int) -> Any:
         """Transform ``i``'s state as its ``tf.Variable``s, in ``init``'s structure."""
         key, structure, names = self._layout.items[i]

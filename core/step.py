@@ -136,6 +136,8 @@ class StepEngine:
         ok = finite
         if self._guard == "scalars":
             ok = tf.logical_and(ok, self._required_finite(grads))
+        if self._chain_is_predicated():
+            return self._predicated_update(grads, unscaled, finite, ok)
 
         def commit() -> tf.Tensor:
             fresh = unscaled()
@@ -147,6 +149,44 @@ class StepEngine:
             return tf.constant(False)
 
         return tf.cond(ok, commit, reject)
+
+    def _chain_is_predicated(self) -> bool:
+        """Every transform with state routes it through ``select_applied``."""
+        store = self._state
+        return all(getattr(spec.config, "predicated", False) or not store.slots[key]
+                   for i, (spec, (key, *_)) in enumerate(zip(self._spec.transforms,
+                                                              store.layout_items()))
+                   if i not in self._pre_reduce)
+
+    def _predicated_update(self, grads: list[Any], unscaled: Any, finite: tf.Tensor,
+                           ok: tf.Tensor) -> tf.Tensor:
+        """The chain and the assignments without a conditional: the transforms keep
+        their state where ``ok`` is false (``select_applied``) and the updates are
+        dropped there. No conditional means no copy of its operands or results, and
+        each slot is updated in place in the loop that also updates its variable:
+        the bare update's speed (docs/performance.md).
+        """
+        shared = self._context.shared
+        fresh = unscaled()
+        record_squared_norm(fresh, squared_norm(grads))
+        shared["applies"] = ok
+        try:
+            updates, new_states = self._run_chain(fresh, skip=self._pre_reduce)
+        finally:
+            del shared["applies"]
+        store = self._state
+        ops = store.write(new_states)
+        for var, update, frozen in zip(store.variables, updates, store.frozen):
+            if update is not None and not frozen:
+                ops.append(_subtract(var, tf.where(ok, update, tf.zeros_like(update))))
+        with tf.control_dependencies(ops):
+            ops = ops + store.refresh_from_masters(updates)
+        with tf.control_dependencies(ops):
+            self._iterations.assign_add(tf.cast(ok, tf.int64))
+            # non-finite gradients are counted by _step already
+            self._skipped.assign_add(tf.cast(finite & ~ok, tf.int64))
+        with tf.control_dependencies(ops + [self._iterations.read_value()]):
+            return tf.identity(ok)
 
     def _required_finite(self, grads: list[Any]) -> tf.Tensor:
         """Trace the chain for the scalars its transforms ``require_finite``."""

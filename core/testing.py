@@ -181,11 +181,15 @@ def _check_fast_path_declarations(name: str, table: dict[str, Any]) -> None:
     config = component_spec("transform", table).config
     grads = [[[0.3, -0.1], [0.2, 0.4]], [[-0.2, 0.5], [0.1, -0.3]], [[0.4, 0.2], [-0.1, 0.1]]]
     if getattr(config, "xla_compatible", False):
+        # with a skipped step: XLA runs a predicated chain unconditionally
+        grads.insert(2, [[math.nan, 0.1], [0.2, 0.3]])
         plain, _ = _run({**config_table, "pipeline": {"jit_compile": False}}, grads)
         fused, _ = _run({**config_table, "pipeline": {"jit_compile": True}}, grads)
         if not all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(plain, fused)):
             raise ContractError(f"transform {name!r} declares xla_compatible, but its "
-                                f"results differ under XLA: {plain} vs {fused}")
+                                f"results differ under XLA (a skipped step included: "
+                                f"with predicated = True, is its state passed through "
+                                f"select_applied?): {plain} vs {fused}")
     if getattr(config, "preserves_finite", False):
         huge = [[[1e18, -3e18], [2e18, 1e18]], [[1e30, 1e-30], [-1e30, 0.0]]] * 2
         values, applied = _run(config_table, huge)

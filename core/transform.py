@@ -237,6 +237,23 @@ def dedupe(g: Any) -> Any:
     return tf.IndexedSlices(values, unique, g.dense_shape)
 
 
+def select_applied(new: Any, old: Any) -> Any:
+    """``new`` where this step is applied, ``old`` where the engine skips it (a nest).
+
+    On its fused (XLA) path the engine runs the chain unconditionally and drops a
+    skipped step's updates, so that XLA can write each slot in place. A transform
+    whose config sets ``predicated = True`` passes its new state through this and
+    computes its updates from the result: a skipped step then leaves its state
+    exactly as it was. Everywhere else it returns ``new``.
+    """
+    applies = current_context().shared.get("applies")
+    if applies is None:
+        return new
+    import tensorflow as tf
+
+    return tf.nest.map_structure(lambda n, o: tf.where(applies, n, o), new, old)
+
+
 def _key(grads: Sequence[Any]) -> tuple[int, ...]:
     return tuple(id(g) for g in grads)
 

@@ -17,7 +17,7 @@ from gradpipe.fields import in_range, non_negative
 from gradpipe.plugins._tensor import dense as _dense
 from gradpipe.plugins._tensor import value_of
 from gradpipe.plugins._tensor import zeros_like_vars as _zeros
-from gradpipe.transform import require_finite, squared_norm
+from gradpipe.transform import require_finite, select_applied, squared_norm
 
 # sqrt of the float32 maximum: an input with a finite sum of squares has no larger element.
 _LARGEST_ELEMENT = 2.0**64
@@ -39,6 +39,7 @@ class SGDConfig:
 
     update_rule: ClassVar[bool] = True
     xla_compatible: ClassVar[bool] = True
+    predicated: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.01, validator=non_negative())
     momentum: Any = hyperparameter(default=0.0, validator=in_range(0.0, 1.0))
@@ -89,7 +90,7 @@ def sgd(cfg: SGDConfig) -> Transform:
                 continue
             g = tf.cast(_dense(g), m.dtype)
             lr_c, mu_c = tf.cast(lr_t, m.dtype), tf.cast(mu, m.dtype)
-            m = m * mu_c - g * lr_c
+            m = select_applied(m * mu_c - g * lr_c, m)
             new_m.append(m)
             updates.append(-(m * mu_c - g * lr_c) if cfg.nesterov else -m)
         return updates, SGDState(new_m)
@@ -138,6 +139,7 @@ class AdamConfig:
 
     update_rule: ClassVar[bool] = True
     xla_compatible: ClassVar[bool] = True
+    predicated: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.001, validator=non_negative())
     beta_1: Any = hyperparameter(default=0.9, validator=in_range(0.0, 1.0, high_open=True))
@@ -213,6 +215,7 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
 
         count = state.count + 1
         step = tf.cast(count, tf.float32)
+        count = select_applied(count, state.count)
         b1, b2 = beta_1(), beta_2()
         alpha32 = lr() * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
         if cfg.epsilon > 0:  # what makes every update finite (see preserves_finite)
@@ -229,13 +232,15 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
                 continue
             dtype = m.dtype
             g = tf.cast(_dense(g), dtype)
-            m = m + (g - m) * one_minus(beta_1, dtype)
-            v = v + (tf.square(g) - v) * one_minus(beta_2, dtype)
+            # The step is computed from the state as written, skipped or not, so that
+            # XLA can update each slot in place (see select_applied).
+            m, v = select_applied((m + (g - m) * one_minus(beta_1, dtype),
+                                   v + (tf.square(g) - v) * one_minus(beta_2, dtype)), (m, v))
             mus.append(m)
             nus.append(v)
             denom_v = v
             if cfg.amsgrad:
-                maxes[i] = tf.maximum(maxes[i], v)
+                maxes[i] = select_applied(tf.maximum(maxes[i], v), maxes[i])
                 denom_v = maxes[i]
             step_update = m * tf.cast(alpha32, dtype) / (tf.sqrt(denom_v)
                                                           + tf.cast(cfg.epsilon, dtype))

@@ -12,7 +12,7 @@ def test_builtin_contract(kind, name):
     check_component(kind, name)
 
 
-def _register(name, update, apply=None, **declarations):
+def _register(name, update, apply=None, init=None, **declarations):
     """Register an in-process test plugin whose transform uses ``update`` (and ``apply``),
     its config class carrying ``declarations`` (``preserves_finite=True``...)."""
     import attrs
@@ -23,7 +23,7 @@ def _register(name, update, apply=None, **declarations):
     Config = attrs.frozen(kw_only=True)(type("Config", (), dict(declarations)))
 
     def factory(cfg):
-        return gradpipe.Transform(gradpipe.no_state, update, apply)
+        return gradpipe.Transform(init or gradpipe.no_state, update, apply)
 
     class Plugin:
         @gradpipe.hookimpl
@@ -79,3 +79,15 @@ def test_suite_catches_an_apply_that_differs_from_update():
     _register("sloppy_apply", update, apply, update_rule=True, preserves_finite=True)
     with pytest.raises(ContractError, match=r"apply\(\) and update\(\) disagree"):
         check_component("transform", "sloppy_apply")
+
+
+def test_suite_catches_a_predicated_transform_that_ignores_skipped_steps():
+    from gradpipe.testing import ContractError
+
+    def update(grads, state, variables):  # a counter that should stay put on skips
+        return [None if g is None else g * 0.1 for g in grads], state + 1
+
+    _register("forgets_skips", update, init=lambda variables: 0.0, update_rule=True,
+              xla_compatible=True, predicated=True, preserves_finite=True)
+    with pytest.raises(ContractError, match="select_applied"):
+        check_component("transform", "forgets_skips")
