@@ -10,14 +10,20 @@ chain and the assignments under one guard, so a skipped step changes nothing
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from .errors import GradpipeError
+from .step_ops import (
+    all_finite,
+    finite_and_record_norm,
+    real_branch_marker,
+    subtract_update,
+    unscale,
+)
 from .summaries import write_step_summaries, write_update_summaries
-from .transform import build_scope, record_squared_norm, squared_norm, sum_of_squares
+from .transform import build_scope, record_squared_norm, squared_norm
 
 # "auto" compiles where XLA pays (docs/performance.md): on a 2-core CPU an Adam step
 # over 64 variables of 16k floats is 1.4x faster compiled, of 1-10k floats 1.2x
@@ -91,7 +97,7 @@ class StepEngine:
 
     def _step(self, grads: list[Any], scaled_total: Any) -> tf.Tensor:
         """``scaled_total``: the sum of squares of the scaled gradients when the loss
-        scale is a power of two (see ``_finite_and_record_norm``), else ``None``."""
+        scale is a power of two (see ``finite_and_record_norm``), else ``None``."""
         with build_scope(self._context):  # squared_norm/require_finite reach this step
             self._context.shared.clear()
             scale = self.loss_scale
@@ -100,11 +106,11 @@ class StepEngine:
             raw = grads
 
             def unscaled() -> list[Any]:
-                return [None if g is None else _unscale(g, scale, dtype, reciprocal)
+                return [None if g is None else unscale(g, scale, dtype, reciprocal)
                         for g, dtype in zip(raw, self._state.compute_dtypes)]
 
             grads = unscaled()
-            finite = _finite_and_record_norm(grads, unscaled, scaled_total, scale)
+            finite = finite_and_record_norm(grads, unscaled, scaled_total, scale)
             if self.loss_scaler is not None:
                 _, should_apply = (self.loss_scaler.update(grads, finite=finite)
                                    if self._scaler_takes_finite
@@ -178,7 +184,7 @@ class StepEngine:
         ops = store.write(new_states)
         for var, update, frozen in zip(store.variables, updates, store.frozen):
             if update is not None and not frozen:
-                ops.append(_subtract(var, tf.where(ok, update, tf.zeros_like(update))))
+                ops.append(subtract_update(var, tf.where(ok, update, tf.zeros_like(update))))
         with tf.control_dependencies(ops):
             ops = ops + store.refresh_from_masters(updates)
         with tf.control_dependencies(ops):
@@ -193,7 +199,7 @@ class StepEngine:
         shared = self._context.shared
         shared.pop("required_finite", None)
         self._run_chain(grads, skip=self._pre_reduce)
-        return _all_finite(shared.pop("required_finite", []))
+        return all_finite(shared.pop("required_finite", []))
 
     def _accumulate(self, grads: list[Any], finite: tf.Tensor, k: int) -> tf.Tensor:
         store = self._state
@@ -256,7 +262,7 @@ class StepEngine:
         updates, new_states = self._run_chain(grads, skip=chain)
         checks = (shared.pop("required_finite", []) if self._guard == "scalars" else
                   [u for u, frozen in zip(updates, self._state.frozen) if not frozen])
-        return tf.cond(_all_finite(checks), lambda: self._commit(grads, updates, new_states),
+        return tf.cond(all_finite(checks), lambda: self._commit(grads, updates, new_states),
                        self._reject)
 
     def _can_apply_in_place(self, grads: list[Any]) -> bool:
@@ -288,7 +294,7 @@ class StepEngine:
         finite = tf.constant(True)
         if self._guard == "scalars":
             self._transforms[last].update(inputs, store.read(last), store.variables)
-            finite = _all_finite(shared.pop("required_finite", []))
+            finite = all_finite(shared.pop("required_finite", []))
 
         def commit() -> tf.Tensor:
             ops = store.write(new_states, skip=last)
@@ -308,7 +314,7 @@ class StepEngine:
         ops = store.write(new_states)
         for var, update, frozen in zip(store.variables, updates, store.frozen):
             if update is not None and not frozen:
-                ops.append(_subtract(var, update))
+                ops.append(subtract_update(var, update))
         with tf.control_dependencies(ops):
             ops = ops + store.refresh_from_masters(updates)
         with tf.control_dependencies(ops):
@@ -317,82 +323,8 @@ class StepEngine:
             if not self._compiling:
                 write_update_summaries(self, grads, updates)
                 return tf.constant(True)
-            return _real_branch_marker(self._iterations)
+            return real_branch_marker(self._iterations)
 
     def _reject(self) -> tf.Tensor:
         self._skipped.assign_add(1)
         return tf.constant(False)
-
-
-def _unscale(g: Any, scale: tf.Tensor, dtype: tf.DType, reciprocal: bool) -> Any:
-    """``g / scale`` in ``dtype`` (division, as Keras does: exact for any scale).
-
-    For a scale that is always a power of two in the normal range (``reciprocal``),
-    ``g * (1/scale)`` is the same, bit for bit, and a multiplication is cheaper.
-    """
-    if isinstance(g, tf.IndexedSlices):
-        return tf.IndexedSlices(_unscale(g.values, scale, dtype, reciprocal), g.indices,
-                                g.dense_shape)
-    if reciprocal and dtype in (tf.float32, tf.float64):
-        return tf.cast(g, dtype) * tf.cast(1.0 / scale, dtype)
-    return tf.cast(g, dtype) / tf.cast(scale, dtype)
-
-
-def _values(g: Any) -> tf.Tensor:
-    return g.values if isinstance(g, tf.IndexedSlices) else g
-
-
-def _all_finite(tensors: Sequence[Any]) -> tf.Tensor:
-    """One scalar: every non-None tensor is finite (IndexedSlices: values; bool: true)."""
-    checks = [t if t.dtype == tf.bool else tf.reduce_all(tf.math.is_finite(t))
-              for t in (_values(t) for t in tensors if t is not None)]
-    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
-
-
-def _finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled_total: Any,
-                            scale: tf.Tensor) -> tf.Tensor:
-    """Whether every gradient is finite, from the pass that also yields their norm.
-
-    Dense gradients: the float32 sum of squares is finite exactly when every
-    element is, unless it overflows; only then are the elements checked one by
-    one. The sum is recorded for ``squared_norm``, so global-norm clipping reuses
-    it: one read of the gradients serves the finite check and the norm. With a
-    power-of-two loss scale S the sum is taken over the scaled gradients
-    (``scaled_total``) and divided by S**2, which is exact. The rare branches
-    recompute the unscaled gradients (``unscaled()``) from the scaled ones, so
-    XLA never has to materialise them and fuses the unscaling into the update.
-    """
-    present = [g for g in grads if g is not None]
-    if not present or any(isinstance(g, tf.IndexedSlices) for g in present):
-        return _all_finite(present)
-    if scaled_total is None:
-        total = sum_of_squares(grads)
-    else:
-        inverse = 1.0 / tf.cast(scale, tf.float32)
-        # Only an overflow (or underflow) of the scaled sum needs the unscaled one.
-        total = tf.cond(tf.math.is_finite(scaled_total) & (scaled_total < 2.0**100),
-                        lambda: scaled_total * inverse * inverse,
-                        lambda: sum_of_squares(unscaled()))
-    record_squared_norm(grads, total)
-    return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True),
-                   lambda: _all_finite(unscaled()))
-
-
-def _real_branch_marker(counter: tf.Variable) -> tf.Tensor:
-    """``True``, computed by an op XLA does not count as elementwise (a cumsum).
-
-    XLA turns a conditional whose branches hold only elementwise ops into
-    selects: the update is then computed on every call, skipped or not, and
-    every new slot value is computed from old values that the in-place writes
-    overwrite, so XLA first copies every slot. One such op keeps the update a
-    real conditional, measured 12-16% faster (docs/performance.md).
-    """
-    value = counter.read_value()
-    return tf.math.cumsum(tf.stack([value, value + 1]))[1] > value
-
-
-def _subtract(var: tf.Variable, update: Any) -> Any:
-    if isinstance(update, tf.IndexedSlices):
-        return var.scatter_sub(tf.IndexedSlices(tf.cast(update.values, var.dtype),
-                                                update.indices, update.dense_shape))
-    return var.assign_sub(tf.cast(update, var.dtype))

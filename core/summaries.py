@@ -64,12 +64,12 @@ def write_update_summaries(pipe: Any, grads: list[Any], updates: list[Any]) -> N
                                       step=step)
     if "update_ratios" in wanted:
         from .pipeline import variable_path
-        from .step import _values
+        from .step_ops import slice_values
 
         for var, update in zip(pipe._state.variables, updates):
             if update is None:
                 continue
-            u = tf.norm(tf.cast(_values(update), tf.float32))
+            u = tf.norm(tf.cast(slice_values(update), tf.float32))
             w = tf.norm(tf.cast(tf.convert_to_tensor(var), tf.float32))
             _scalar(f"update_ratios/{variable_path(var)}",
                               tf.math.divide_no_nan(u, w), step=step)
