@@ -169,7 +169,7 @@ class StepEngine:
         """The chain and the assignments without a conditional: the transforms keep
         their state where ``ok`` is false (``select_applied``) and the updates are
         dropped there. No conditional means no copy of its operands or results, and
-        each slot is updated in place in the loop that also updates its variable:
+        each slot is updated in one loop whose result the variable's loop reads:
         the bare update's speed (docs/performance.md).
         """
         shared = self._context.shared

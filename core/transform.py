@@ -241,7 +241,8 @@ def select_applied(new: Any, old: Any) -> Any:
     """``new`` where this step is applied, ``old`` where the engine skips it (a nest).
 
     On its fused (XLA) path the engine runs the chain unconditionally and drops a
-    skipped step's updates, so that XLA can write each slot in place. A transform
+    skipped step's updates, so that XLA copies no slot (a conditional would copy
+    them all, docs/performance.md). A transform
     whose config sets ``predicated = True`` passes its new state through this and
     computes its updates from the result: a skipped step then leaves its state
     exactly as it was. Everywhere else it returns ``new``.

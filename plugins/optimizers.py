@@ -232,8 +232,8 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
                 continue
             dtype = m.dtype
             g = tf.cast(_dense(g), dtype)
-            # The step is computed from the state as written, skipped or not, so that
-            # XLA can update each slot in place (see select_applied).
+            # The step is computed from the state as written, skipped or not: then XLA
+            # needs no copy of the old state (see select_applied).
             m, v = select_applied((m + (g - m) * one_minus(beta_1, dtype),
                                    v + (tf.square(g) - v) * one_minus(beta_2, dtype)), (m, v))
             mus.append(m)

@@ -282,10 +282,10 @@ def test_the_in_place_path_is_taken_only_where_nothing_else_needs_the_updates():
     assert _kernel_ops(scheduled, [tf.Variable(x) for x in INIT]) == set()
 
 
-def test_the_compiled_step_is_one_in_place_loop_per_array_it_writes():
+def test_the_compiled_step_is_one_loop_per_array_it_writes():
     """XLA, Adam with clipping and loss scaling: per variable exactly three
-    parameter-sized loops (its two moments, then itself from them), each writing in
-    place; no parameter-sized copy anywhere, nothing materialised for the unscaled or
+    parameter-sized loops (its two moments, then itself from them); no
+    parameter-sized copy anywhere, nothing materialised for the unscaled or
     clipped gradients (the sum of squares is taken before the XLA function)."""
     import re
 
