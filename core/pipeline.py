@@ -77,7 +77,10 @@ class Pipeline(StepEngine, tf.Module):
         self._guard = self._update_guard()
         self._scaler_takes_finite = self.loss_scaler is not None and "finite" in \
             inspect.signature(self.loss_scaler.update).parameters
-        self._power_of_two_scale = bool(getattr(self.loss_scaler, "power_of_two", False))
+        # No scaler: the scale is 1, a power of two (the norm is then also summed by the
+        # fast L2Loss kernel outside XLA, and unscaling multiplies by exactly 1).
+        self._power_of_two_scale = self.loss_scaler is None or bool(
+            getattr(self.loss_scaler, "power_of_two", False))
         # One XLA function for the whole update: fusion across every variable.
         self._compiled_step = tf.function(self._step, jit_compile=True, autograph=False)
         self._compiling = False
