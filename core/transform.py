@@ -32,8 +32,8 @@ class Transform(NamedTuple):
     ``apply(grads, slots, variables) -> ops``, optional, is ``update`` followed
     by ``var -= update`` done in place: ``slots`` is the state as its
     ``tf.Variable``s, and the transform assigns them and the variables itself,
-    typically with one fused TensorFlow kernel (``ResourceApplyAdam``) that
-    reads and writes each array once. The engine uses it for the last
+    typically with one fused TensorFlow kernel (``sgd``: ``ResourceApplyKerasMomentum``)
+    that reads and writes each array once. The engine uses it for the last
     transform on its plain (non-XLA) path where nothing else needs the updates.
     """
 
@@ -242,10 +242,10 @@ def select_applied(new: Any, old: Any) -> Any:
 
     On its fused (XLA) path the engine runs the chain unconditionally and drops a
     skipped step's updates, so that XLA copies no slot (a conditional would copy
-    them all, docs/performance.md). A transform
-    whose config sets ``predicated = True`` passes its new state through this and
-    computes its updates from the result: a skipped step then leaves its state
-    exactly as it was. Everywhere else it returns ``new``.
+    them all, docs/performance.md). A transform whose config sets
+    ``predicated = True`` passes its new state through this and computes its
+    updates from the result: a skipped step then leaves its state exactly as it
+    was. Everywhere else it returns ``new``.
     """
     applies = current_context().shared.get("applies")
     if applies is None:

@@ -19,11 +19,6 @@ from gradpipe.plugins._tensor import map_values as _map_values
 from gradpipe.transform import dedupe, record_squared_norm, require_finite, squared_norm
 
 
-def _values(g: Any) -> Any:
-    """Dense tensor, or the values of IndexedSlices with duplicate rows summed."""
-    return dedupe(g).values if is_sparse(g) else g
-
-
 @attrs.frozen(kw_only=True)
 class ClipNormConfig:
     """Config of ``clip_by_global_norm`` and ``clip_by_norm``.
@@ -82,7 +77,7 @@ def clip_by_norm(cfg: ClipNormConfig) -> Transform:
 
         def clip_one(g: Any) -> Any:
             g = dedupe(g) if is_sparse(g) else g
-            return tf.clip_by_norm(g, tf.cast(c, _values(g).dtype))
+            return tf.clip_by_norm(g, tf.cast(c, g.dtype))
 
         return map_grads(clip_one, grads), state
 

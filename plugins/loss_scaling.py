@@ -23,18 +23,6 @@ def _power_of_two(x: float | None) -> bool:
     return x is None or (2.0**-126 <= x <= 2.0**126 and math.frexp(x)[0] == 0.5)
 
 
-def _all_finite(grads: Any) -> Any:
-    import tensorflow as tf
-
-    checks = []
-    for g in tf.nest.flatten(grads, expand_composites=False):
-        if g is None:
-            continue
-        values = g.values if isinstance(g, tf.IndexedSlices) else g
-        checks.append(tf.reduce_all(tf.math.is_finite(values)))
-    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
-
-
 @attrs.frozen(kw_only=True)
 class FixedConfig:
     """Config of ``fixed``.
@@ -140,8 +128,10 @@ def dynamic(cfg: DynamicConfig) -> Any:
 
         def update(self, grads: Any, finite: Any = None) -> Any:
             """TF ``LossScale.update``; ``finite``: the engine's check, if it made one."""
+            from gradpipe.step_ops import all_finite
+
             c = self.config
-            finite = _all_finite(grads) if finite is None else finite
+            finite = all_finite(list(grads)) if finite is None else finite
             scale = self.current_loss_scale.read_value()
             good = self.good_steps.read_value()
             overflows = self.overflows.read_value()
