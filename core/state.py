@@ -113,7 +113,11 @@ class StateStore(tf.Module):
                     slots[name] = tf.Variable(initial, trainable=False,
                                               name=f"{key}/{name}".replace("/", "_"))
                 self.slots[key] = slots
-                self._layout.items.append((key, state, list(slots)))
+                # Keep init()'s structure, not its tensors: a slot adopts its initial
+                # tensor's buffer, and a second reference to it stops XLA from
+                # updating the slot in place (it then allocates every slot anew).
+                structure = tf.nest.pack_sequence_as(state, list(range(len(leaves))))
+                self._layout.items.append((key, structure, list(slots)))
             if self._spec.options.accumulation_steps > 1:
                 for path, var in zip(paths, variables):
                     self.accumulators[path] = tf.Variable(
