@@ -260,11 +260,12 @@ class StepEngine:
             return self._update_in_place(grads)
         if self._guard == "none":
             return self._commit(grads, *self._run_chain(grads, skip=chain))
-        shared = self._context.shared
-        shared.pop("required_finite", None)
+        if self._guard == "scalars":
+            return tf.cond(self._required_finite(grads),
+                           lambda: self._commit(grads, *self._run_chain(grads, skip=chain)),
+                           self._reject)
         updates, new_states = self._run_chain(grads, skip=chain)
-        checks = (shared.pop("required_finite", []) if self._guard == "scalars" else
-                  [u for u, frozen in zip(updates, self._state.frozen) if not frozen])
+        checks = [u for u, frozen in zip(updates, self._state.frozen) if not frozen]
         return tf.cond(all_finite(checks), lambda: self._commit(grads, updates, new_states),
                        self._reject)
 

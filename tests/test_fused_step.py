@@ -142,12 +142,26 @@ def test_auto_keeps_the_plain_path_for_sparse_gradients_writers_and_strategies(t
         assert not pipe._should_compile(dense)
 
 
+def _live_ops(graph) -> list:
+    """The ops TF's function runtime runs: those the outputs or a stateful op need.
+    (A chain traced only for its ``require_finite`` scalars leaves dead ops, pruned.)"""
+    frontier = [t.op for t in graph.outputs] + [
+        op for op in graph.get_operations() if op._is_stateful]
+    live: dict[str, object] = {}
+    while frontier:
+        op = frontier.pop()
+        if op.name not in live:
+            live[op.name] = op
+            frontier += [t.op for t in op.inputs] + list(op.control_inputs)
+    return list(live.values())
+
+
 def _step_ops(concrete) -> list:
-    """Every op of a traced step: its graph and every function it calls (cond branches)."""
+    """Every live op of a traced step: its graph and every function it calls."""
     ops, graphs, seen = [], [concrete.graph], set()
     while graphs:
         graph = graphs.pop()
-        for op in graph.get_operations():
+        for op in _live_ops(graph):
             ops.append(op)
             for attr in ("then_branch", "else_branch", "f"):
                 try:
