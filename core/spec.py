@@ -92,7 +92,8 @@ class PipelineOptions:
             ``"auto"`` (default) compiles where it is safe and pays: one device,
             dense gradients, every transform and the loss scaler declaring
             ``xla_compatible``, no summary writer, at most 128 variables of at
-            least 16,384 elements on average.
+            least 4,096 elements on average (16,384 where the last rule updates in
+            place without XLA, as ``sgd`` does).
         check_updates: also skip a step whose *updates* are non-finite although
             its gradients were finite (NaN born inside the chain). Transforms that
             declare ``preserves_finite`` are checked through a few scalars instead

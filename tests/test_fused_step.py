@@ -66,9 +66,16 @@ def _decides(table: dict, shapes: list[tuple[int, ...]]) -> bool:
 LARGE = [(256, 128), (128,), (512, 64)]  # mean 19k elements: XLA pays
 
 
-def test_auto_compiles_few_large_variables_only():
+MLP = [(32, 256), (256,), (256, 256), (256,), (256, 10), (10,)]  # mean 12.8k elements
+SGD = {"transforms": [{"kind": "sgd", "learning_rate": 0.1, "momentum": 0.9}]}
+
+
+def test_auto_compiles_few_variables_that_are_not_small():
     assert _decides(CLIP_ADAM, LARGE)
-    assert not _decides(CLIP_ADAM, SHAPES)  # small: per-op overhead, not bandwidth
+    assert _decides(CLIP_ADAM, MLP)
+    assert not _decides(CLIP_ADAM, SHAPES)  # tiny: nothing to fuse that pays
+    # sgd's plain path is one in-place kernel already: XLA pays on large variables only
+    assert _decides(SGD, LARGE) and not _decides(SGD, MLP)
     many = [(16_384,)] * (gradpipe.step.AUTO_JIT_MAX_VARIABLES + 1)
     assert not _decides(CLIP_ADAM, many)  # compile time grows with every variable
     assert not _decides(_with(CLIP_ADAM, jit_compile=False), LARGE)
