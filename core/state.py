@@ -114,8 +114,8 @@ class StateStore(tf.Module):
                                               name=f"{key}/{name}".replace("/", "_"))
                 self.slots[key] = slots
                 # Keep init()'s structure, not its tensors: a slot adopts its initial
-                # tensor's buffer, and a second reference to it stops XLA from
-                # updating the slot in place (it then allocates every slot anew).
+                # tensor's buffer, which XLA's first step replaces; a tensor held
+                # here would keep that old buffer, a copy of the slot, alive.
                 structure = tf.nest.pack_sequence_as(state, list(range(len(leaves))))
                 self._layout.items.append((key, structure, list(slots)))
             if self._spec.options.accumulation_steps > 1:
