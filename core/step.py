@@ -34,6 +34,11 @@ from .transform import build_scope, record_squared_norm, squared_norm
 AUTO_JIT_MAX_VARIABLES = 128
 AUTO_JIT_MIN_MEAN_SIZE = 4_096
 AUTO_JIT_MIN_MEAN_SIZE_IN_PLACE = 16_384
+# The plain path with a scalar guard decides before the chain runs where variables
+# are large: peak memory at 20M parameters in 50 variables 409 -> 261 MiB with the
+# size. With many small ones the branch's per-op cost wins and memory is small: at
+# 500 variables of 1-10k floats deciding first made the step 1.09x slower.
+DECIDE_FIRST_MIN_MEAN_SIZE = 16_384
 
 
 class StepEngine:
@@ -74,7 +79,7 @@ class StepEngine:
         min_mean = AUTO_JIT_MIN_MEAN_SIZE_IN_PLACE if in_place else AUTO_JIT_MIN_MEAN_SIZE
         return (all(getattr(c, "xla_compatible", False) for c in components)
                 and len(sizes) <= AUTO_JIT_MAX_VARIABLES and None not in sizes
-                and sum(sizes) >= min_mean * len(sizes)
+                and self._mean_size() >= min_mean
                 and self._fast_path_allowed(grads))
 
     def _fast_path_allowed(self, grads: list[Any]) -> bool:
@@ -268,14 +273,23 @@ class StepEngine:
             return self._update_in_place(grads)
         if self._guard == "none":
             return self._commit(grads, *self._run_chain(grads, skip=chain))
-        if self._guard == "scalars":
+        if self._guard == "scalars" and self._mean_size() >= DECIDE_FIRST_MIN_MEAN_SIZE:
+            # Decide from the scalars first, then run the chain inside the branch:
+            # each variable's new values are assigned as they come, never all alive.
             return tf.cond(self._required_finite(grads),
                            lambda: self._commit(grads, *self._run_chain(grads, skip=chain)),
                            self._reject)
+        shared = self._context.shared
+        shared.pop("required_finite", None)
         updates, new_states = self._run_chain(grads, skip=chain)
-        checks = [u for u, frozen in zip(updates, self._state.frozen) if not frozen]
+        checks = (shared.pop("required_finite", []) if self._guard == "scalars" else
+                  [u for u, frozen in zip(updates, self._state.frozen) if not frozen])
         return tf.cond(all_finite(checks), lambda: self._commit(grads, updates, new_states),
                        self._reject)
+
+    def _mean_size(self) -> float:
+        sizes = [v.shape.num_elements() or 0 for v in self._state.variables]
+        return sum(sizes) / max(len(sizes), 1)
 
     def _can_apply_in_place(self, grads: list[Any]) -> bool:
         """Whether the last transform may update its variables and state in place.
