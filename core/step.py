@@ -34,11 +34,6 @@ from .transform import build_scope, record_squared_norm, squared_norm
 AUTO_JIT_MAX_VARIABLES = 128
 AUTO_JIT_MIN_MEAN_SIZE = 4_096
 AUTO_JIT_MIN_MEAN_SIZE_IN_PLACE = 16_384
-# The plain path with a scalar guard decides before the chain runs where variables
-# are large: peak memory at 20M parameters in 50 variables 409 -> 261 MiB with the
-# size. With many small ones the branch's per-op cost wins and memory is small: at
-# 500 variables of 1-10k floats deciding first made the step 1.09x slower.
-DECIDE_FIRST_MIN_MEAN_SIZE = 16_384
 
 
 class StepEngine:
@@ -133,8 +128,8 @@ class StepEngine:
             k = self._spec.options.accumulation_steps
             if k > 1:
                 applied = self._accumulate(grads, finite, k)
-            elif self._compiling and self._guard != "updates":
-                applied = self._fused_update(grads, unscaled, finite)
+            elif self._guard != "updates" and not self._can_apply_in_place(grads):
+                applied = self._decide_then_update(grads, unscaled, finite)
             else:
                 applied = tf.cond(finite, lambda: self._update(grads),
                                   lambda: tf.constant(False))
@@ -143,19 +138,22 @@ class StepEngine:
                     write_step_summaries(self)
                 return tf.identity(applied)
 
-    def _fused_update(self, grads: list[Any], unscaled: Any, finite: tf.Tensor) -> tf.Tensor:
-        """The compiled step's update: one real XLA conditional around all of it.
+    def _decide_then_update(self, grads: list[Any], unscaled: Any,
+                            finite: tf.Tensor) -> tf.Tensor:
+        """Decide whether the step applies, then run the chain and assign.
 
-        The chain is traced once outside the conditional, for the scalars its
-        transforms require finite (its tensor work is dead and eliminated), and
-        once inside, on gradients unscaled again there: nothing the size of the
-        parameters becomes an operand of the conditional, so XLA fuses unscaling,
-        chain and assignment.
+        The chain is traced once for the scalars its transforms require finite
+        (its tensor work is dead and pruned) and once to update. One conditional
+        holds the chain and the assignments: no update is its operand, so each
+        variable's new values are assigned as they come and never all alive at
+        once, and under XLA nothing the size of the parameters crosses it (the
+        gradients are unscaled again inside). A compiled predicated chain needs
+        no conditional at all (``_predicated_update``).
         """
         ok = finite
         if self._guard == "scalars":
             ok = tf.logical_and(ok, self._required_finite(grads))
-        if self._chain_is_predicated():
+        if self._compiling and self._chain_is_predicated():
             return self._predicated_update(grads, unscaled, finite, ok)
 
         def commit() -> tf.Tensor:
@@ -273,12 +271,6 @@ class StepEngine:
             return self._update_in_place(grads)
         if self._guard == "none":
             return self._commit(grads, *self._run_chain(grads, skip=chain))
-        if self._guard == "scalars" and self._mean_size() >= DECIDE_FIRST_MIN_MEAN_SIZE:
-            # Decide from the scalars first, then run the chain inside the branch:
-            # each variable's new values are assigned as they come, never all alive.
-            return tf.cond(self._required_finite(grads),
-                           lambda: self._commit(grads, *self._run_chain(grads, skip=chain)),
-                           self._reject)
         shared = self._context.shared
         shared.pop("required_finite", None)
         updates, new_states = self._run_chain(grads, skip=chain)
