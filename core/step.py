@@ -327,12 +327,22 @@ class StepEngine:
         return tf.cond(finite, commit, self._reject)
 
     def _commit(self, grads: list[Any], updates: list[Any], new_states: list[Any]) -> tf.Tensor:
-        """Assign the new state and subtract the updates; everything is computed."""
+        """Assign the new state and subtract the updates, once all of them exist.
+
+        Atomic: no assignment runs before every new value is computed, so an
+        error inside the chain (a failing assertion, running out of memory)
+        leaves every variable, slot and counter as it was. (XLA allocates its
+        buffers before it runs and ignores control dependencies.)
+        """
         store = self._state
-        ops = store.write(new_states)
-        for var, update, frozen in zip(store.variables, updates, store.frozen):
-            if update is not None and not frozen:
-                ops.append(subtract_update(var, update))
+        computed = [] if self._compiling else [
+            t for t in tf.nest.flatten([updates, new_states], expand_composites=True)
+            if t is not None]
+        with tf.control_dependencies(computed):
+            ops = store.write(new_states)
+            for var, update, frozen in zip(store.variables, updates, store.frozen):
+                if update is not None and not frozen:
+                    ops.append(subtract_update(var, update))
         with tf.control_dependencies(ops):
             ops = ops + store.refresh_from_masters(updates)
         with tf.control_dependencies(ops):
