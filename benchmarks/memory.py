@@ -5,10 +5,10 @@
 Cases: gradpipe (jit_compile = true: what "auto" chooses at the full size, kept
 for the small run), gradpipe-plain (jit_compile = false), Keras
 LossScaleOptimizer(Adam) without and with XLA, and the floor (two moments
-created, then the bare XLA update). Each case runs in a
-fresh process, once at the full size and once with the same variables at 64
-parameters each, and reports the growth of peak RSS over the process after
-TensorFlow start-up and variable creation. The small run measures what does not
+created, then the bare XLA update). Each case runs in a fresh process, once at
+the full size and once with the same variables at 64 parameters each, and
+reports the growth of peak RSS over the process after TensorFlow start-up and
+variable creation. The small run measures what does not
 grow with the parameters (tracing, XLA compilation, thread pools); the
 difference between the two is the memory that does, and that is compared with
 the optimizer state (two Adam moments): anything above it is a hidden copy.

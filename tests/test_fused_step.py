@@ -214,8 +214,8 @@ def test_one_pass_serves_the_finite_check_the_scaler_and_the_norm():
 def test_plain_scalar_guard_decides_before_the_chain_runs(size):
     """Plain path: the finite flag and the guard's scalars decide first, and one
     conditional holds the chain and the assignments. No update or new moment is
-    its operand (they would all be alive at once, and each nested conditional
-    switches every operand it carries); only the gradient is."""
+    its operand (a nested conditional switches every operand it carries); only
+    the gradient is."""
     pipe = gradpipe.build(_with(CLIP_ADAM, jit_compile=False))
     var = tf.Variable(tf.zeros([size]))
     step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
