@@ -32,7 +32,7 @@ from .spec import ComponentSpec, PipelineSpec
 from .state import StateStore, layout_difference
 from .step import StepEngine
 from .summaries import scheduled_hyperparameters
-from .transform import BuildContext, build_scope, sum_of_squares
+from .transform import BuildContext, build_scope
 
 
 class Pipeline(StepEngine, tf.Module):
@@ -237,13 +237,9 @@ class Pipeline(StepEngine, tf.Module):
                 grads = self._run_chain(grads, only=self._pre_reduce)[0]
             grads = self.placement.reduce(grads)  # once, batched
         self._compiling = self._should_compile(grads)
-        # Outside XLA even when compiling: TF's fused L2Loss kernel reads each gradient
-        # once, XLA's reduction on CPU reads and writes it three times over.
-        scaled_total = (sum_of_squares(grads) if self._power_of_two_scale and not any(
-            isinstance(g, tf.IndexedSlices) for g in grads) else None)
         if self._compiling:
-            return self._compiled_step(grads, scaled_total)
-        return self._step(grads, scaled_total)
+            return self._compiled_step(grads)
+        return self._step(grads)
 
     def _clipping_before_reduce(self) -> set[int]:
         """Leading clipping transforms to run per replica (``clip_before_reduce``)."""

@@ -23,7 +23,7 @@ from .step_ops import (
     unscale,
 )
 from .summaries import write_step_summaries, write_update_summaries
-from .transform import build_scope, record_squared_norm, squared_norm
+from .transform import build_scope, record_squared_norm, squared_norm, sum_of_squares
 
 # "auto" compiles where XLA pays (docs/performance.md, measured on 2 cores): XLA
 # fuses the chain's element-wise passes, so clipping + Adam over 64 variables of
@@ -103,9 +103,7 @@ class StepEngine:
             return "scalars"
         return "updates"
 
-    def _step(self, grads: list[Any], scaled_total: Any) -> tf.Tensor:
-        """``scaled_total``: the sum of squares of the scaled gradients when the loss
-        scale is a power of two (see ``finite_and_record_norm``), else ``None``."""
+    def _step(self, grads: list[Any]) -> tf.Tensor:
         with build_scope(self._context):  # squared_norm/require_finite reach this step
             self._context.shared.clear()
             scale = self.loss_scale
@@ -118,6 +116,10 @@ class StepEngine:
                         for g, dtype in zip(raw, self._state.compute_dtypes)]
 
             grads = unscaled()
+            # With a power-of-two scale the norm is summed over the scaled gradients
+            # (see finite_and_record_norm), so XLA need not materialise unscaled ones.
+            dense = not any(isinstance(g, tf.IndexedSlices) for g in raw)
+            scaled_total = sum_of_squares(raw) if reciprocal and dense else None
             finite = finite_and_record_norm(grads, unscaled, scaled_total, scale)
             if self.loss_scaler is not None:
                 _, should_apply = (self.loss_scaler.update(grads, finite=finite)

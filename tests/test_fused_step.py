@@ -5,7 +5,8 @@
 * one pass over the gradients serves the finite check, the loss scaler and
   the global norm, and a ``preserves_finite`` chain is guarded by scalars,
   not by a pass over every update;
-* a power-of-two loss scale unscales by multiplication, bit for bit.
+* a power-of-two loss scale unscales by multiplication, bit for bit;
+* under XLA the sum of squares is folded first, never reduced element by element.
 """
 
 from __future__ import annotations
@@ -323,7 +324,8 @@ def test_the_compiled_step_is_one_loop_per_array_it_writes():
     """XLA, Adam with clipping and loss scaling: per variable exactly three
     parameter-sized loops (its two moments, then itself from them); no
     parameter-sized copy anywhere, nothing materialised for the unscaled or
-    clipped gradients (the sum of squares is taken before the XLA function)."""
+    clipped gradients (the sum of squares reads each gradient into a row 32 times
+    shorter, see test_xla_sum_of_squares_folds_before_it_reduces)."""
     import re
 
     size = 12_345
@@ -334,7 +336,7 @@ def test_the_compiled_step_is_one_loop_per_array_it_writes():
     assert pipe._compiling and pipe._chain_is_predicated()
     aligned = pipe._state.align(list(zip(grads, variables)))
     hlo = pipe._compiled_step.experimental_get_compiler_ir(
-        aligned, gradpipe.transform.sum_of_squares(aligned))(stage="optimized_hlo")
+        aligned)(stage="optimized_hlo")
     entry = hlo[hlo.index("\nENTRY"):]
     sized = rf"= f32\[{size}\]\{{0\}} (\w+)\("
     assert re.findall(sized, hlo).count("copy") == 0
@@ -368,3 +370,48 @@ def test_compiled_steps_update_variables_and_slots_in_their_own_buffers():
         before = [_buffer(v) for v in everything]
         step()
         assert [_buffer(v) for v in everything] == before
+
+
+@pytest.mark.parametrize("shape", [(1,), (31,), (4_095,), (4_096,), (32 * 4_096 + 7,),
+                                   (300, 257), (0,)])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_xla_sum_of_squares_equals_l2loss(shape, dtype):
+    """The folded sum inside XLA and TF's L2Loss outside it agree to float32
+    rounding (they add in different orders), for every size around the fold's
+    threshold and remainder, and for half-precision gradients."""
+    value = tf.cast(RNG.normal(size=shape).astype("f4") * 3, dtype)
+    outside = gradpipe.transform.sum_of_squares([value, None])
+    inside = tf.function(lambda x: gradpipe.transform.sum_of_squares([x, None]),
+                         jit_compile=True)(value)
+    expected = float(np.sum(np.square(value.numpy().astype("f8"))))
+    assert_close(inside, expected, rtol=1e-5, atol=0.0)
+    assert_close(outside, expected, rtol=1e-5, atol=0.0)
+
+
+@pytest.mark.parametrize("poison,expected", [(np.inf, np.inf), (np.nan, np.nan),
+                                             (1e30, np.inf)])
+def test_xla_sum_of_squares_is_not_finite_exactly_when_l2loss_is_not(poison, expected):
+    values = RNG.normal(size=200_003).astype("f4")
+    values[123_457] = poison
+    inside = tf.function(lambda x: gradpipe.transform.sum_of_squares([x]),
+                         jit_compile=True)(tf.constant(values))
+    np.testing.assert_equal(float(inside), expected)
+    np.testing.assert_equal(float(gradpipe.transform.sum_of_squares([values])), expected)
+
+
+def test_xla_sum_of_squares_folds_before_it_reduces():
+    """XLA's CPU reduction is a sequential loop; the fold is what makes the sum run
+    at memory bandwidth. In the optimised HLO nothing of the tensor's size is
+    materialised and no reduction has an operand longer than one fold row."""
+    import re
+
+    size = 100_003
+    fn = tf.function(lambda x: gradpipe.transform.sum_of_squares([x]), jit_compile=True)
+    hlo = fn.experimental_get_compiler_ir(tf.zeros([size]))(stage="optimized_hlo")
+    shapes = dict(re.findall(r"%([\w.-]+) = f32\[(\d*)\]", hlo))
+    reduced = re.findall(r"reduce(?:-window)?\(%([\w.-]+)", hlo)
+    assert reduced, hlo
+    row = size // gradpipe.transform.FOLD_ROWS
+    assert all(int(shapes[name] or 1) <= row for name in reduced), (reduced, shapes)
+    computed = re.findall(rf"= f32\[{size}\]\{{0\}} (\w+)\(", hlo)
+    assert set(computed) == {"parameter"}, computed
