@@ -13,6 +13,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 def interleaved(cases: dict[str, Callable[[], object]], repeats: int, warmup: int = 2,
                 sync: Callable[[object], object] = lambda r: r) -> dict[str, float]:
     """Median seconds per call of each case, the cases run in turn (round robin)."""
+    samples = interleaved_samples(cases, repeats, warmup, sync)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def interleaved_samples(cases: dict[str, Callable[[], object]], repeats: int,
+                        warmup: int = 2, sync: Callable[[object], object] = lambda r: r,
+                        ) -> dict[str, list[float]]:
+    """Seconds of every call of each case, round ``i`` at index ``i`` of each list."""
     for fn in cases.values():
         for _ in range(warmup):
             sync(fn())
@@ -22,7 +30,13 @@ def interleaved(cases: dict[str, Callable[[], object]], repeats: int, warmup: in
             start = time.perf_counter()
             sync(fn())
             samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
+
+
+def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """Median over rounds of one case's time over another's in the same round: the
+    machine's drift between rounds cancels, which a ratio of medians keeps."""
+    return statistics.median(n / d for n, d in zip(numerator, denominator))
 
 
 def table(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:

@@ -15,16 +15,19 @@ Measures, interleaved in one run, medians of:
   (d) the floor: one XLA function that reads and writes only what the rule must
       (Adam: 4 reads, 3 writes; SGD with momentum: 3 reads, 2 writes).
 --no-xla leaves out (c) and (d), whose XLA compilation takes many minutes at
-2,000 variables.
+2,000 variables. Each ratio is given as the ratio of the medians and as the
+median over rounds of the ratio within a round, which the machine's drift
+between rounds does not move.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 
 import numpy as np
-from _common import interleaved, table
+from _common import interleaved_samples, paired_ratio, table
 
 import gradpipe
 
@@ -109,16 +112,18 @@ def main() -> None:
 
     if not args.no_xla:
         cases[labels["d"]] = floor
-    times = interleaved(cases, args.repeats, sync=lambda r: tf.constant(0).numpy())
+    samples = interleaved_samples(cases, args.repeats, sync=lambda r: tf.constant(0).numpy())
+    times = {label: statistics.median(values) for label, values in samples.items()}
     rows = [(label, f"{t * 1e3:.2f}", f"{bytes_per_param * total / t / 1e9:.2f}")
             for label, t in times.items()]
     title = (f"step benchmark ({args.rule}): {total:,} float32 parameters in {len(sizes)} "
              f"variables, median of {args.repeats} interleaved runs")
     print(table(title, rows, ("case", "ms/step", f"GB/s at {bytes_per_param} B/param")))
-    ratios = [(f"{x}/{y}", times[labels[x]] / times[labels[y]])
+    ratios = [(f"{x}/{y}", f"{times[labels[x]] / times[labels[y]]:.3f}",
+               f"{paired_ratio(samples[labels[x]], samples[labels[y]]):.3f}")
               for x in ("a", "a'") for y in ("b", "c", "d") if labels[y] in times]
-    print(table("ratios (lower is faster)", [(k, f"{r:.3f}") for k, r in ratios],
-                ("ratio", "value")))
+    print(table("ratios (lower is faster)", ratios,
+                ("ratio", "of the medians", "median of the rounds' ratios")))
 
 
 if __name__ == "__main__":
