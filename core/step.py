@@ -23,7 +23,7 @@ from .step_ops import (
     unscale,
 )
 from .summaries import write_step_summaries, write_update_summaries
-from .transform import build_scope, record_squared_norm, squared_norm, sum_of_squares
+from .transform import build_scope, record_squared_norm, squared_norm
 
 # "auto" compiles where XLA pays (docs/performance.md, measured on 2 cores): XLA
 # fuses the chain's element-wise passes, so clipping + Adam over 64 variables of
@@ -116,11 +116,8 @@ class StepEngine:
                         for g, dtype in zip(raw, self._state.compute_dtypes)]
 
             grads = unscaled()
-            # With a power-of-two scale the norm is summed over the scaled gradients
-            # (see finite_and_record_norm), so XLA need not materialise unscaled ones.
-            dense = not any(isinstance(g, tf.IndexedSlices) for g in raw)
-            scaled_total = sum_of_squares(raw) if reciprocal and dense else None
-            finite = finite_and_record_norm(grads, unscaled, scaled_total, scale)
+            finite = finite_and_record_norm(grads, unscaled, raw if reciprocal else None,
+                                            scale)
             if self.loss_scaler is not None:
                 _, should_apply = (self.loss_scaler.update(grads, finite=finite)
                                    if self._scaler_takes_finite

@@ -35,7 +35,7 @@ def all_finite(tensors: Sequence[Any]) -> tf.Tensor:
     return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
 
-def finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled_total: Any,
+def finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled: Any,
                             scale: tf.Tensor) -> tf.Tensor:
     """Whether every gradient is finite, from the pass that also yields their norm.
 
@@ -44,17 +44,19 @@ def finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled_total: An
     one. The sum is recorded for ``squared_norm``, so global-norm clipping reuses
     it: one read of the gradients serves the finite check and the norm. With a
     power-of-two loss scale S the sum is taken over the scaled gradients
-    (``scaled_total``) and divided by S**2, which is exact. The rare branches
-    recompute the unscaled gradients (``unscaled()``) from the scaled ones, so
-    XLA never has to materialise them and fuses the unscaling into the update.
+    (``scaled``, else ``None``) and divided by S**2, which is exact. The rare
+    branches recompute the unscaled gradients (``unscaled()``) from the scaled
+    ones, so the common path never holds them: XLA fuses the unscaling into the
+    update.
     """
     present = [g for g in grads if g is not None]
     if not present or any(isinstance(g, tf.IndexedSlices) for g in present):
         return all_finite(present)
-    if scaled_total is None:
+    if scaled is None:
         total = sum_of_squares(grads)
     else:
         inverse = 1.0 / tf.cast(scale, tf.float32)
+        scaled_total = sum_of_squares(scaled)
         # Only an overflow (or underflow) of the scaled sum needs the unscaled one.
         total = tf.cond(tf.math.is_finite(scaled_total) & (scaled_total < 2.0**100),
                         lambda: scaled_total * inverse * inverse,

@@ -202,21 +202,22 @@ def sum_of_squares(tensors: Sequence[Any]) -> Any:
 
     One read of each tensor, with no temporary of its size. Outside XLA that is
     TF's fused ``L2Loss`` kernel (halving is exact). Inside an XLA function on CPU
-    (the compiled step, or a train step the user compiles, as ``model.fit`` does
-    by default) see ``_folded_sum_of_squares``.
+    (the compiled step, or a train step the user compiles) see
+    ``_folded_sum_of_squares``; there a tensor computed in the same function is
+    materialised first, as XLA's own reduction would materialise it.
     """
     import tensorflow as tf
 
-    values = [tf.cast(_dense_values(g), tf.float32) for g in tensors if g is not None]
+    values = [_dense_values(g) for g in tensors if g is not None]
     if not values:
         return tf.constant(0.0)
     if _in_xla_function() and not _accelerator_visible():
         return tf.add_n([_folded_sum_of_squares(v) for v in values])
-    return 2.0 * tf.add_n([tf.nn.l2_loss(v) for v in values])
+    return 2.0 * tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in values])
 
 
 # A tensor of at least FOLD_ROWS * FOLD_MIN_ROW elements is folded before it is summed.
-FOLD_ROWS = 32
+FOLD_ROWS = 16
 FOLD_MIN_ROW = 128
 
 
@@ -225,17 +226,20 @@ def _folded_sum_of_squares(value: Any) -> Any:
     against 15-20 for its elementwise loops). So the tensor is first folded: its
     ``FOLD_ROWS`` contiguous slices are squared and added elementwise, a loop XLA
     vectorises and splits across threads, and only a row of the result is reduced.
-    No slice is copied; XLA reads them in place (docs/performance.md)."""
+    The slices are read in place (docs/performance.md)."""
     import tensorflow as tf
+
+    def squares(x: Any) -> Any:  # cast slice by slice: a cast whole would be materialised
+        return tf.square(tf.cast(x, tf.float32))
 
     flat = tf.reshape(value, [-1])
     size = flat.shape[0]
     if size is None or size < FOLD_ROWS * FOLD_MIN_ROW:
-        return tf.reduce_sum(tf.square(flat))
+        return tf.reduce_sum(squares(flat))
     row = size // FOLD_ROWS
-    folded = tf.add_n([tf.square(flat[i * row:(i + 1) * row]) for i in range(FOLD_ROWS)])
+    rows = tf.split(flat[:FOLD_ROWS * row], FOLD_ROWS)  # one op, FOLD_ROWS outputs
     rest = flat[FOLD_ROWS * row:]  # fewer than FOLD_ROWS elements
-    return tf.reduce_sum(folded) + tf.reduce_sum(tf.square(rest))
+    return tf.reduce_sum(tf.add_n([squares(r) for r in rows])) + tf.reduce_sum(squares(rest))
 
 
 def _accelerator_visible() -> bool:
