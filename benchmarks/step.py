@@ -23,11 +23,10 @@ between rounds does not move.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import numpy as np
-from _common import interleaved_samples, paired_ratio, table
+from _common import interleaved_samples, medians, paired_ratio, table
 
 import gradpipe
 
@@ -113,7 +112,7 @@ def main() -> None:
     if not args.no_xla:
         cases[labels["d"]] = floor
     samples = interleaved_samples(cases, args.repeats, sync=lambda r: tf.constant(0).numpy())
-    times = {label: statistics.median(values) for label, values in samples.items()}
+    times = medians(samples)
     rows = [(label, f"{t * 1e3:.2f}", f"{bytes_per_param * total / t / 1e9:.2f}")
             for label, t in times.items()]
     title = (f"step benchmark ({args.rule}): {total:,} float32 parameters in {len(sizes)} "

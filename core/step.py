@@ -74,7 +74,7 @@ class StepEngine:
         min_mean = AUTO_JIT_MIN_MEAN_SIZE_IN_PLACE if in_place else AUTO_JIT_MIN_MEAN_SIZE
         return (all(getattr(c, "xla_compatible", False) for c in components)
                 and len(sizes) <= AUTO_JIT_MAX_VARIABLES and None not in sizes
-                and self._mean_size() >= min_mean
+                and sum(sizes) >= min_mean * max(len(sizes), 1)
                 and self._fast_path_allowed(grads))
 
     def _fast_path_allowed(self, grads: list[Any]) -> bool:
@@ -200,10 +200,14 @@ class StepEngine:
 
     def _required_finite(self, grads: list[Any]) -> tf.Tensor:
         """Trace the chain for the scalars its transforms ``require_finite``."""
+        return all_finite(self._run_chain_for_required(grads)[2])
+
+    def _run_chain_for_required(self, grads: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+        """The chain's updates and new states, and the scalars it ``require_finite``."""
         shared = self._context.shared
         shared.pop("required_finite", None)
-        self._run_chain(grads, skip=self._pre_reduce)
-        return all_finite(shared.pop("required_finite", []))
+        updates, new_states = self._run_chain(grads, skip=self._pre_reduce)
+        return updates, new_states, shared.pop("required_finite", [])
 
     def _accumulate(self, grads: list[Any], finite: tf.Tensor, k: int) -> tf.Tensor:
         store = self._state
@@ -261,17 +265,11 @@ class StepEngine:
             return self._update_in_place(grads)
         if self._guard == "none":
             return self._commit(grads, *self._run_chain(grads, skip=chain))
-        shared = self._context.shared
-        shared.pop("required_finite", None)
-        updates, new_states = self._run_chain(grads, skip=chain)
-        checks = (shared.pop("required_finite", []) if self._guard == "scalars" else
+        updates, new_states, required = self._run_chain_for_required(grads)
+        checks = (required if self._guard == "scalars" else
                   [u for u, frozen in zip(updates, self._state.frozen) if not frozen])
         return tf.cond(all_finite(checks), lambda: self._commit(grads, updates, new_states),
                        self._reject)
-
-    def _mean_size(self) -> float:
-        sizes = [v.shape.num_elements() or 0 for v in self._state.variables]
-        return sum(sizes) / max(len(sizes), 1)
 
     def _can_apply_in_place(self, grads: list[Any]) -> bool:
         """Whether the last transform may update its variables and state in place.

@@ -324,8 +324,8 @@ def test_the_compiled_step_is_one_loop_per_array_it_writes():
     """XLA, Adam with clipping and loss scaling: per variable exactly three
     parameter-sized loops (its two moments, then itself from them); no
     parameter-sized copy anywhere, nothing materialised for the unscaled or
-    clipped gradients (the sum of squares reads each gradient into a row 32 times
-    shorter, see test_xla_sum_of_squares_folds_before_it_reduces)."""
+    clipped gradients (the sum of squares folds each gradient into a row
+    FOLD_ROWS times shorter, see test_xla_sum_of_squares_folds_before_it_reduces)."""
     import re
 
     size = 12_345
