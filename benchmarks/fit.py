@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from _common import interleaved, table
+from _common import interleaved_samples, medians, paired_ratio, table
 
 import gradpipe
 
@@ -16,7 +16,7 @@ import gradpipe
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -44,13 +44,16 @@ def main() -> None:
                   1e-3, global_clipnorm=1.0))}
     cases = {name: (lambda m=m: m.fit(x, y, batch_size=64, epochs=1, verbose=0))
              for name, m in models.items()}
-    times = interleaved(cases, args.repeats, warmup=1)
+    samples = interleaved_samples(cases, args.repeats, warmup=1)
+    times = medians(samples)
     rows = [(name, f"{t:.3f}", f"{args.steps / t:.0f}") for name, t in times.items()]
     print(table(f"model.fit, {args.steps} steps of batch 64, median of {args.repeats}", rows,
                 ("optimizer", "seconds", "steps/s")))
-    ours, native = times["gradpipe keras_optimizer()"], times["keras Adam(global_clipnorm=1)"]
-    print(table("ratio (lower is faster)", [("gradpipe / keras", f"{ours / native:.3f}")],
-                ("ratio", "value")))
+    ours, native = "gradpipe keras_optimizer()", "keras Adam(global_clipnorm=1)"
+    print(table("ratio (lower is faster)", [(
+        "gradpipe / keras", f"{times[ours] / times[native]:.3f}",
+        f"{paired_ratio(samples[ours], samples[native]):.3f}")],
+        ("ratio", "of the medians", "median of the rounds' ratios")))
 
 
 if __name__ == "__main__":
