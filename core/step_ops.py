@@ -45,8 +45,10 @@ def finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled: Any,
     it: one read of the gradients serves the finite check and the norm. With a
     power-of-two loss scale S the sum is taken over the scaled gradients
     (``scaled``, else ``None``) and divided by S**2, which is exact. The rare
-    branches recompute the unscaled gradients (``unscaled()``) from the scaled
-    ones, so the common path never holds them: XLA fuses the unscaling into the
+    branches unscale again: the overflow branch multiplies by 1/S inside the
+    sum's own loop, so it holds no unscaled copy (under XLA a branch's buffers
+    are reserved on every call, taken or not), and the element check recomputes
+    the unscaled gradients (``unscaled()``). XLA fuses the unscaling into the
     update.
     """
     present = [g for g in grads if g is not None]
@@ -60,7 +62,7 @@ def finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled: Any,
         # Only an overflow (or underflow) of the scaled sum needs the unscaled one.
         total = tf.cond(tf.math.is_finite(scaled_total) & (scaled_total < 2.0**100),
                         lambda: scaled_total * inverse * inverse,
-                        lambda: sum_of_squares(unscaled()))
+                        lambda: sum_of_squares(scaled, factor=inverse))
     record_squared_norm(grads, total)
     return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True),
                    lambda: all_finite(unscaled()))

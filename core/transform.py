@@ -197,23 +197,28 @@ def squared_norm(grads: Sequence[Any]) -> Any:
     return value
 
 
-def sum_of_squares(tensors: Sequence[Any]) -> Any:
-    """Float32 sum of squares of every non-``None`` tensor (IndexedSlices: as if dense).
+def sum_of_squares(tensors: Sequence[Any], factor: Any = None) -> Any:
+    """Float32 sum of squares of every non-``None`` tensor (IndexedSlices: as if dense),
+    each element multiplied by the float32 scalar ``factor`` first if one is given.
 
     One read of each tensor, with no temporary of its size. Outside XLA that is
     TF's fused ``L2Loss`` kernel (halving is exact). Inside an XLA function on CPU
-    (the compiled step, or a train step the user compiles) see
-    ``_folded_sum_of_squares``; there a tensor computed in the same function is
-    materialised first, as XLA's own reduction would materialise it.
+    (the compiled step, or a train step the user compiles) see ``_folded_sum``;
+    there a tensor computed in the same function is materialised first, as XLA's
+    own reduction would materialise it.
     """
     import tensorflow as tf
+
+    def as_float32(x: Any) -> Any:
+        x = tf.cast(x, tf.float32)
+        return x if factor is None else x * factor
 
     values = [_dense_values(g) for g in tensors if g is not None]
     if not values:
         return tf.constant(0.0)
-    if _in_xla_function() and not _accelerator_visible():
-        return tf.add_n([_folded_sum_of_squares(v) for v in values])
-    return 2.0 * tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in values])
+    if _folds():
+        return tf.add_n([_folded_sum(v, lambda x: tf.square(as_float32(x))) for v in values])
+    return 2.0 * tf.add_n([tf.nn.l2_loss(as_float32(v)) for v in values])
 
 
 # A tensor of at least FOLD_ROWS * FOLD_MIN_ROW elements is folded before it is summed;
@@ -223,33 +228,40 @@ FOLD_MIN_ROW = 128
 FOLD_WIDTH = 32
 
 
-def _folded_sum_of_squares(value: Any) -> Any:
-    """XLA's CPU reduction is one sequential loop of dependent additions (3-4 GB/s
-    against 15-20 for its elementwise loops). So the tensor is first folded: its
-    ``FOLD_ROWS`` contiguous slices are squared and added elementwise, a loop XLA
+def _folds() -> bool:
+    """Whether sums over tensors are folded (``_folded_sum``): inside an XLA function,
+    with no GPU or TPU."""
+    return _in_xla_function() and not _accelerator_visible()
+
+
+def _folded_sum(value: Any, term: Callable[[Any], Any]) -> Any:
+    """The float32 sum of ``term(x)`` over the elements of ``value``.
+
+    XLA's CPU reduction is one sequential loop of dependent additions (3-4 GB/s
+    against 15-20 for its elementwise loops). So the tensor is first folded: the
+    terms of its ``FOLD_ROWS`` contiguous slices are added elementwise, a loop XLA
     vectorises and splits across threads. The folded row, read as a
     ``[k, FOLD_WIDTH]`` matrix, is multiplied by a vector of ones: XLA fuses that
     product into the fold's loop, so the loop writes ``k`` partial sums instead of
     the row, and only those are reduced (with the row's last ``row % FOLD_WIDTH``
-    elements). The slices are read in place (docs/performance.md)."""
+    elements). The slices are read in place (docs/performance.md): ``term`` casts
+    (and scales) each on its own, since XLA would materialise a whole tensor's
+    cast or product before slicing it."""
     import tensorflow as tf
-
-    def squares(x: Any) -> Any:  # cast slice by slice: a cast whole would be materialised
-        return tf.square(tf.cast(x, tf.float32))
 
     flat = tf.reshape(value, [-1])
     size = flat.shape[0]
     if size is None or size < FOLD_ROWS * FOLD_MIN_ROW:
-        return tf.reduce_sum(squares(flat))
+        return tf.reduce_sum(term(flat))
     row = size // FOLD_ROWS
     rows = tf.split(flat[:FOLD_ROWS * row], FOLD_ROWS)  # one op, FOLD_ROWS outputs
-    folded = tf.add_n([squares(r) for r in rows])
+    folded = tf.add_n([term(r) for r in rows])
     k = row // FOLD_WIDTH
     partial_sums = tf.linalg.matvec(tf.reshape(folded[:k * FOLD_WIDTH], [k, FOLD_WIDTH]),
                                     tf.ones([FOLD_WIDTH]))
     rest = flat[FOLD_ROWS * row:]  # fewer than FOLD_ROWS elements
     return (tf.reduce_sum(partial_sums) + tf.reduce_sum(folded[k * FOLD_WIDTH:])
-            + tf.reduce_sum(squares(rest)))
+            + tf.reduce_sum(term(rest)))
 
 
 def _accelerator_visible() -> bool:

@@ -325,7 +325,8 @@ def test_the_compiled_step_is_one_loop_per_array_it_writes():
     parameter-sized loops (its two moments, then itself from them); no
     parameter-sized copy anywhere, nothing materialised for the unscaled or
     clipped gradients (the sum of squares folds each gradient into a row
-    FOLD_ROWS times shorter, see test_xla_sum_of_squares_folds_before_it_reduces)."""
+    FOLD_ROWS times shorter, see test_xla_sum_of_squares_folds_before_it_reduces).
+    """
     import re
 
     size = 12_345
@@ -342,6 +343,13 @@ def test_the_compiled_step_is_one_loop_per_array_it_writes():
     assert re.findall(sized, hlo).count("copy") == 0
     computed = [op for op in re.findall(sized, entry) if op != "parameter"]
     assert computed == ["fusion"] * 6, computed
+    # XLA reserves the buffers of the rarely taken branches on every call. The one
+    # for an overflowing scaled sum unscales inside its fold; only the element
+    # check (the sum is not finite) holds an unscaled copy of each gradient.
+    branches = [block for block in hlo[:hlo.index("\nENTRY")].split("\n\n")
+                if not re.match(r"%(fused|wrapped)", block.lstrip())]
+    held = re.findall(rf"= \w+\[{size}\]\{{0\}} fusion\(", "\n".join(branches))
+    assert branches and len(held) <= len(grads), held
 
 
 def _buffer(variable: tf.Variable) -> int:
@@ -386,6 +394,22 @@ def test_xla_sum_of_squares_equals_l2loss(shape, dtype):
     expected = float(np.sum(np.square(value.numpy().astype("f8"))))
     assert_close(inside, expected, rtol=1e-5, atol=0.0)
     assert_close(outside, expected, rtol=1e-5, atol=0.0)
+
+
+@pytest.mark.parametrize("size", [31, 100_003])
+def test_sum_of_squares_scales_by_its_factor_before_squaring(size):
+    """``factor`` multiplies each element before it is squared, in XLA's fold and
+    in L2Loss alike: gradients whose squares overflow float32 (a loss scale's
+    overflow branch) still give the finite unscaled sum."""
+    values = (RNG.normal(size=size) * 1e20).astype("f4")
+    factor = tf.constant(2.0**-15)
+    expected = float(np.sum(np.square(values.astype("f8") * 2.0**-15)))
+    inside = tf.function(lambda x: gradpipe.transform.sum_of_squares([x], factor=factor),
+                         jit_compile=True)(tf.constant(values))
+    outside = gradpipe.transform.sum_of_squares([tf.constant(values)], factor=factor)
+    assert_close(inside, expected, rtol=1e-5, atol=0.0)
+    assert_close(outside, expected, rtol=1e-5, atol=0.0)
+    assert not np.isfinite(float(gradpipe.transform.sum_of_squares([values])))
 
 
 @pytest.mark.parametrize("poison,expected", [(np.inf, np.inf), (np.nan, np.nan),
