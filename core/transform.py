@@ -221,6 +221,30 @@ def sum_of_squares(tensors: Sequence[Any], factor: Any = None) -> Any:
     return 2.0 * tf.add_n([tf.nn.l2_loss(as_float32(v)) for v in values])
 
 
+def is_finite_everywhere(value: Any, factor: Any = None) -> Any:
+    """Whether every element of the float tensor ``value`` (times the scalar
+    ``factor``, in ``factor``'s dtype, if one is given) is finite: a bool scalar.
+
+    Inside an XLA function on CPU a tensor large enough to fold is checked by a
+    folded sum (``_folded_sum``) of ``x * 0``: 0 for a finite ``x``, NaN for an
+    infinite or NaN one. The sum cannot overflow, and neither a boolean nor a
+    scaled tensor of ``value``'s size is materialised.
+    """
+    import tensorflow as tf
+
+    def scaled(x: Any) -> Any:
+        return x if factor is None else tf.cast(x, factor.dtype) * factor
+
+    def nan_unless_finite(x: Any) -> Any:
+        x = scaled(x)
+        return tf.cast(x * tf.zeros([], x.dtype), tf.float32)
+
+    size = value.shape.num_elements()
+    if _folds() and size is not None and size >= FOLD_ROWS * FOLD_MIN_ROW:
+        return tf.equal(_folded_sum(value, nan_unless_finite), 0.0)
+    return tf.reduce_all(tf.math.is_finite(scaled(value)))
+
+
 # A tensor of at least FOLD_ROWS * FOLD_MIN_ROW elements is folded before it is summed;
 # the folded row is then summed FOLD_WIDTH elements at a time by a matrix-vector product.
 FOLD_ROWS = 16

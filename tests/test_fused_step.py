@@ -325,8 +325,8 @@ def test_the_compiled_step_is_one_loop_per_array_it_writes():
     parameter-sized loops (its two moments, then itself from them); no
     parameter-sized copy anywhere, nothing materialised for the unscaled or
     clipped gradients (the sum of squares folds each gradient into a row
-    FOLD_ROWS times shorter, see test_xla_sum_of_squares_folds_before_it_reduces).
-    """
+    FOLD_ROWS times shorter, see test_xla_sum_of_squares_folds_before_it_reduces),
+    not even in the branches that are rarely taken."""
     import re
 
     size = 12_345
@@ -343,13 +343,12 @@ def test_the_compiled_step_is_one_loop_per_array_it_writes():
     assert re.findall(sized, hlo).count("copy") == 0
     computed = [op for op in re.findall(sized, entry) if op != "parameter"]
     assert computed == ["fusion"] * 6, computed
-    # XLA reserves the buffers of the rarely taken branches on every call. The one
-    # for an overflowing scaled sum unscales inside its fold; only the element
-    # check (the sum is not finite) holds an unscaled copy of each gradient.
+    # Nor do the rarely taken branches (the scaled sum overflowed, the sum is not
+    # finite): XLA reserves their buffers on every call, taken or not.
     branches = [block for block in hlo[:hlo.index("\nENTRY")].split("\n\n")
                 if not re.match(r"%(fused|wrapped)", block.lstrip())]
     held = re.findall(rf"= \w+\[{size}\]\{{0\}} fusion\(", "\n".join(branches))
-    assert branches and len(held) <= len(grads), held
+    assert branches and not held, held
 
 
 def _buffer(variable: tf.Variable) -> int:
@@ -421,6 +420,27 @@ def test_xla_sum_of_squares_is_not_finite_exactly_when_l2loss_is_not(poison, exp
                          jit_compile=True)(tf.constant(values))
     np.testing.assert_equal(float(inside), expected)
     np.testing.assert_equal(float(gradpipe.transform.sum_of_squares([values])), expected)
+
+
+@pytest.mark.parametrize("size", [1, 100_003])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+@pytest.mark.parametrize("poison", [None, np.inf, -np.inf, np.nan, "largest"])
+@pytest.mark.parametrize("factor", [None, 2.0**15])
+def test_xla_finite_check_equals_is_finite(size, dtype, poison, factor):
+    """The finite check inside XLA (a folded sum of x * 0 for large tensors) says
+    what reduce_all(is_finite(x * factor)) says outside it, for every poison and
+    for the largest finite value of the dtype, which a factor above 1 overflows
+    and which must not raise a false alarm without one (float64 included)."""
+    values = RNG.normal(size=size).astype(dtype)
+    if poison is not None:
+        values[size // 2] = np.finfo(dtype).max if poison == "largest" else poison
+    scale = None if factor is None else tf.constant(factor, dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = bool(np.all(np.isfinite(values * (1 if scale is None else scale.numpy()))))
+    check = gradpipe.transform.is_finite_everywhere
+    inside = tf.function(lambda x: check(x, scale), jit_compile=True)(tf.constant(values))
+    assert bool(inside) is expected
+    assert bool(check(tf.constant(values), scale)) is expected
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
