@@ -117,7 +117,7 @@ class StepEngine:
 
             grads = unscaled()
             finite = finite_and_record_norm(grads, unscaled, raw if reciprocal else None,
-                                            scale, self._state.compute_dtypes)
+                                            scale)
             if self.loss_scaler is not None:
                 _, should_apply = (self.loss_scaler.update(grads, finite=finite)
                                    if self._scaler_takes_finite

@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from .transform import is_finite_everywhere, record_squared_norm, sum_of_squares
+from .transform import record_squared_norm, sum_of_squares
 
 
 def unscale(g: Any, scale: tf.Tensor, dtype: tf.DType, reciprocal: bool) -> Any:
@@ -36,7 +36,7 @@ def all_finite(tensors: Sequence[Any]) -> tf.Tensor:
 
 
 def finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled: Any,
-                            scale: tf.Tensor, dtypes: Sequence[tf.DType]) -> tf.Tensor:
+                            scale: tf.Tensor) -> tf.Tensor:
     """Whether every gradient is finite, from the pass that also yields their norm.
 
     Dense gradients: the float32 sum of squares is finite exactly when every
@@ -45,33 +45,25 @@ def finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled: Any,
     it: one read of the gradients serves the finite check and the norm. With a
     power-of-two loss scale S the sum is taken over the scaled gradients
     (``scaled``, else ``None``) and divided by S**2, which is exact. The rare
-    branches unscale again, multiplying by 1/S (in the gradients' compute
-    ``dtypes``) inside their own loops, so under XLA neither holds an unscaled
-    copy (XLA reserves a branch's buffers on every call, taken or not). With
-    any other scale they check ``unscaled()``. XLA fuses the unscaling into
-    the update.
+    branches recompute the unscaled gradients (``unscaled()``) from the scaled
+    ones, so the common path never holds them: XLA fuses the unscaling into the
+    update.
     """
     present = [g for g in grads if g is not None]
     if not present or any(isinstance(g, tf.IndexedSlices) for g in present):
         return all_finite(present)
     if scaled is None:
         total = sum_of_squares(grads)
-
-        def elements_finite() -> tf.Tensor:
-            return all_finite(unscaled())
     else:
         inverse = 1.0 / tf.cast(scale, tf.float32)
         scaled_total = sum_of_squares(scaled)
         # Only an overflow (or underflow) of the scaled sum needs the unscaled one.
         total = tf.cond(tf.math.is_finite(scaled_total) & (scaled_total < 2.0**100),
                         lambda: scaled_total * inverse * inverse,
-                        lambda: sum_of_squares(scaled, factor=inverse))
-
-        def elements_finite() -> tf.Tensor:  # a power-of-two 1/S: exact in any dtype
-            return all_finite([is_finite_everywhere(g, tf.cast(inverse, dtype))
-                               for g, dtype in zip(scaled, dtypes) if g is not None])
+                        lambda: sum_of_squares(unscaled()))
     record_squared_norm(grads, total)
-    return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True), elements_finite)
+    return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True),
+                   lambda: all_finite(unscaled()))
 
 
 def real_branch_marker(counter: tf.Variable) -> tf.Tensor:

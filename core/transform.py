@@ -197,52 +197,23 @@ def squared_norm(grads: Sequence[Any]) -> Any:
     return value
 
 
-def sum_of_squares(tensors: Sequence[Any], factor: Any = None) -> Any:
-    """Float32 sum of squares of every non-``None`` tensor (IndexedSlices: as if dense),
-    each element multiplied by the float32 scalar ``factor`` first if one is given.
+def sum_of_squares(tensors: Sequence[Any]) -> Any:
+    """Float32 sum of squares of every non-``None`` tensor (IndexedSlices: as if dense).
 
     One read of each tensor, with no temporary of its size. Outside XLA that is
     TF's fused ``L2Loss`` kernel (halving is exact). Inside an XLA function on CPU
-    (the compiled step, or a train step the user compiles) see ``_folded_sum``;
-    there a tensor computed in the same function is materialised first, as XLA's
-    own reduction would materialise it.
+    (the compiled step, or a train step the user compiles) see
+    ``_folded_sum_of_squares``; there a tensor computed in the same function is
+    materialised first, as XLA's own reduction would materialise it.
     """
     import tensorflow as tf
-
-    def as_float32(x: Any) -> Any:
-        x = tf.cast(x, tf.float32)
-        return x if factor is None else x * factor
 
     values = [_dense_values(g) for g in tensors if g is not None]
     if not values:
         return tf.constant(0.0)
-    if _folds():
-        return tf.add_n([_folded_sum(v, lambda x: tf.square(as_float32(x))) for v in values])
-    return 2.0 * tf.add_n([tf.nn.l2_loss(as_float32(v)) for v in values])
-
-
-def is_finite_everywhere(value: Any, factor: Any = None) -> Any:
-    """Whether every element of the float tensor ``value`` (times the scalar
-    ``factor``, in ``factor``'s dtype, if one is given) is finite: a bool scalar.
-
-    Inside an XLA function on CPU a tensor large enough to fold is checked by a
-    folded sum (``_folded_sum``) of ``x * 0``: 0 for a finite ``x``, NaN for an
-    infinite or NaN one. The sum cannot overflow, and neither a boolean nor a
-    scaled tensor of ``value``'s size is materialised.
-    """
-    import tensorflow as tf
-
-    def scaled(x: Any) -> Any:
-        return x if factor is None else tf.cast(x, factor.dtype) * factor
-
-    def nan_unless_finite(x: Any) -> Any:
-        x = scaled(x)
-        return tf.cast(x * tf.zeros([], x.dtype), tf.float32)
-
-    size = value.shape.num_elements()
-    if _folds() and size is not None and size >= FOLD_ROWS * FOLD_MIN_ROW:
-        return tf.equal(_folded_sum(value, nan_unless_finite), 0.0)
-    return tf.reduce_all(tf.math.is_finite(scaled(value)))
+    if _in_xla_function() and not _accelerator_visible():
+        return tf.add_n([_folded_sum_of_squares(v) for v in values])
+    return 2.0 * tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in values])
 
 
 # A tensor of at least FOLD_ROWS * FOLD_MIN_ROW elements is folded before it is summed;
@@ -252,40 +223,33 @@ FOLD_MIN_ROW = 128
 FOLD_WIDTH = 32
 
 
-def _folds() -> bool:
-    """Whether sums over tensors are folded (``_folded_sum``): inside an XLA function,
-    with no GPU or TPU."""
-    return _in_xla_function() and not _accelerator_visible()
-
-
-def _folded_sum(value: Any, term: Callable[[Any], Any]) -> Any:
-    """The float32 sum of ``term(x)`` over the elements of ``value``.
-
-    XLA's CPU reduction is one sequential loop of dependent additions (3-4 GB/s
-    against 15-20 for its elementwise loops). So the tensor is first folded: the
-    terms of its ``FOLD_ROWS`` contiguous slices are added elementwise, a loop XLA
+def _folded_sum_of_squares(value: Any) -> Any:
+    """XLA's CPU reduction is one sequential loop of dependent additions (3-4 GB/s
+    against 15-20 for its elementwise loops). So the tensor is first folded: its
+    ``FOLD_ROWS`` contiguous slices are squared and added elementwise, a loop XLA
     vectorises and splits across threads. The folded row, read as a
     ``[k, FOLD_WIDTH]`` matrix, is multiplied by a vector of ones: XLA fuses that
     product into the fold's loop, so the loop writes ``k`` partial sums instead of
     the row, and only those are reduced (with the row's last ``row % FOLD_WIDTH``
-    elements). The slices are read in place (docs/performance.md): ``term`` casts
-    (and scales) each on its own, since XLA would materialise a whole tensor's
-    cast or product before slicing it."""
+    elements). The slices are read in place (docs/performance.md)."""
     import tensorflow as tf
+
+    def squares(x: Any) -> Any:  # cast slice by slice: a cast whole would be materialised
+        return tf.square(tf.cast(x, tf.float32))
 
     flat = tf.reshape(value, [-1])
     size = flat.shape[0]
     if size is None or size < FOLD_ROWS * FOLD_MIN_ROW:
-        return tf.reduce_sum(term(flat))
+        return tf.reduce_sum(squares(flat))
     row = size // FOLD_ROWS
     rows = tf.split(flat[:FOLD_ROWS * row], FOLD_ROWS)  # one op, FOLD_ROWS outputs
-    folded = tf.add_n([term(r) for r in rows])
+    folded = tf.add_n([squares(r) for r in rows])
     k = row // FOLD_WIDTH
     partial_sums = tf.linalg.matvec(tf.reshape(folded[:k * FOLD_WIDTH], [k, FOLD_WIDTH]),
                                     tf.ones([FOLD_WIDTH]))
     rest = flat[FOLD_ROWS * row:]  # fewer than FOLD_ROWS elements
     return (tf.reduce_sum(partial_sums) + tf.reduce_sum(folded[k * FOLD_WIDTH:])
-            + tf.reduce_sum(term(rest)))
+            + tf.reduce_sum(squares(rest)))
 
 
 def _accelerator_visible() -> bool:
