@@ -43,7 +43,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--params", type=int, default=20_000_000)
     parser.add_argument("--variables", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=61)  # a round takes ~0.3 s
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="rounds (default 61: a round takes ~0.3 s; 5 with --small)")
     parser.add_argument("--small", action="store_true", help="many small variables")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for CI")
     parser.add_argument("--rule", choices=("adam", "sgd"), default="adam")
@@ -53,6 +54,8 @@ def main() -> None:
     if args.quick:
         args.params, args.repeats = 200_000, 3
         args.variables = args.variables or (40 if args.small else 10)
+    if args.repeats is None:  # tracing 2,000 variables takes minutes, their rounds 0.7 s
+        args.repeats = 5 if args.small else 61
     import keras
     import tensorflow as tf
 
