@@ -10,12 +10,6 @@ from collections.abc import Callable
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def interleaved(cases: dict[str, Callable[[], object]], repeats: int, warmup: int = 2,
-                sync: Callable[[object], object] = lambda r: r) -> dict[str, float]:
-    """Median seconds per call of each case, the cases run in turn (round robin)."""
-    return medians(interleaved_samples(cases, repeats, warmup, sync))
-
-
 def medians(samples: dict[str, list[float]]) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
