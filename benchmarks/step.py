@@ -7,9 +7,10 @@
 Measures, interleaved in one run, medians of:
   (a) the gradpipe step in tf.function, default options (jit_compile = "auto": the
       update is one XLA function where that is safe, as it is here; with --small
-      there are more variables than "auto" compiles, so this is the plain path);
-  (a') the same pipeline with [pipeline] jit_compile = false (the plain path, as
-      under a multi-replica strategy or with sparse gradients);
+      there are more variables than "auto" compiles one by one, so their state is
+      packed into one vector and the packed chain is one XLA function);
+  (a') the same pipeline with [pipeline] jit_compile = false and pack_variables =
+      false (the per-variable plain path, as under a multi-replica strategy);
   (b) Keras 3 LossScaleOptimizer(<rule>(global_clipnorm=1)) in tf.function;
   (c) the same Keras optimizer under jit_compile=True;
   (d) the floor: one XLA function that reads and writes only what the rule must
@@ -80,13 +81,14 @@ def main() -> None:
     table_ = {"loss_scale": {"kind": "dynamic"},
               "transforms": [{"kind": "clip_by_global_norm", "clip_norm": 1.0}, rule]}
     name = args.rule.capitalize() if args.rule == "adam" else "SGD"
-    labels = {"a": "a  gradpipe", "a'": "a' gradpipe, jit_compile = false",
+    labels = {"a": "a  gradpipe", "a'": "a' gradpipe, per variable, no XLA",
               "b": f"b  Keras LSO({name})", "c": f"c  Keras LSO({name}), XLA",
               "d": "d  floor (XLA)"}
     cases = {}
     for key, jit in (("a", "auto"), ("a'", False)):
         vs = variables()
-        pipe = gradpipe.build({**table_, "pipeline": {"jit_compile": jit}})
+        pipe = gradpipe.build({**table_, "pipeline": {"jit_compile": jit,
+                                                      "pack_variables": jit and "auto"}})
         pipe.build(vs)
         cases[labels[key]] = tf.function(lambda p=pipe, v=vs: p.apply_gradients(zip(grads, v)))
     for key, jit in (("b", False), ("c", True))[:1 if args.no_xla else 2]:

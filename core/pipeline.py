@@ -236,10 +236,13 @@ class Pipeline(StepEngine, tf.Module):
             if self._pre_reduce:  # clip_before_reduce: clip each replica's gradients
                 grads = self._run_chain(grads, only=self._pre_reduce)[0]
             grads = self.placement.reduce(grads)  # once, batched
+        packing, present = self._state.packing, None
+        if packing is not None:
+            present = packing.present(grads)
+            grads = [packing.pack(grads)]
         self._compiling = self._should_compile(grads)
-        if self._compiling:
-            return self._compiled_step(grads)
-        return self._step(grads)
+        applied = (self._compiled_step if self._compiling else self._step)(grads, present)
+        return applied if packing is None else self._subtract_packed(applied)
 
     def _clipping_before_reduce(self) -> set[int]:
         """Leading clipping transforms to run per replica (``clip_before_reduce``)."""

@@ -14,6 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from .errors import ConfigError, GradpipeError
+from .packed import PACKED_PATH, PackedLayout, PackedVariables, SlotView
 from .spec import PipelineSpec
 
 
@@ -47,7 +48,14 @@ class StateStore(tf.Module):
         self._spec = spec
         self._vars = _Untracked([])
         self._model_vars = _Untracked([])
+        self._params = _Untracked([])
         self.slots: dict[str, dict[str, tf.Variable]] = {}
+        # What read() and write() use: the slots, or the packed vectors (untracked:
+        # a checkpoint holds their SlotViews instead).
+        self._leaves = _Untracked([{}])
+        self.packing: PackedLayout | None = None
+        self._pending = _Untracked([None])  # scratch, not state: never checkpointed
+        self.present: tf.Tensor | None = None
         self.accumulators: dict[str, tf.Variable] = {}
         self.masters: dict[str, tf.Variable] = {}
         self._layout = _Untracked([])
@@ -57,8 +65,19 @@ class StateStore(tf.Module):
 
     @property
     def variables(self) -> list[Any]:
-        """What transforms see and update: float32 masters stand in for half variables."""
+        """What transforms see and update: float32 masters stand in for half variables;
+        packed, one stand-in for all (:class:`~gradpipe.packed.PackedVariables`)."""
         return self._vars.items
+
+    @property
+    def pending(self) -> tf.Variable:
+        """Packed: where the step leaves its update for ``_subtract_packed``."""
+        return self._pending.items[0]
+
+    @property
+    def parameters(self) -> list[Any]:
+        """The variables the step updates, one per model variable (masters included)."""
+        return self._params.items if self.packing else self.variables
 
     @property
     def model_variables(self) -> list[Any]:
@@ -101,29 +120,58 @@ class StateStore(tf.Module):
                     compute.append(var)
             self._vars.items = compute
             variables = compute
+            if owner._should_pack(variables):
+                self.packing = PackedLayout(variables)
+                self._params.items = list(variables)
+                self._vars.items = [PackedVariables(self.packing, variables)]
+                self.masks = [[True] for _ in self.masks]
+                self.frozen = [False]
+                self._pending.items[0] = tf.Variable(
+                    tf.zeros([self.packing.total]), trainable=False, name="packed_update")
             for i, (spec, transform) in enumerate(zip(self._spec.transforms,
                                                       owner._transforms)):
-                state = transform.init(variables)
-                leaves = tf.nest.flatten(state)
-                names = _leaf_names(state, paths)
                 key = f"{i}_{spec.name}"
-                slots = {}
-                for name, leaf in zip(names, leaves):
+                if self.packing:
+                    state = transform.init([tf.zeros([self.packing.total])])
+                    names = _leaf_names(state, [PACKED_PATH])
+                else:
+                    state = transform.init(variables)
+                    names = _leaf_names(state, paths)
+                leaves, slots = {}, {}
+                for name, leaf in zip(names, tf.nest.flatten(state)):
                     initial = tf.convert_to_tensor(leaf)
-                    slots[name] = tf.Variable(initial, trainable=False,
-                                              name=f"{key}/{name}".replace("/", "_"))
+                    leaves[name] = tf.Variable(initial, trainable=False,
+                                               name=f"{key}/{name}".replace("/", "_"))
+                    if PACKED_PATH in name:
+                        slots.update(self._views(key, name, leaves[name], paths))
+                    else:
+                        slots[name] = leaves[name]
                 self.slots[key] = slots
+                self._leaves.items[0][key] = leaves
                 # Keep init()'s structure, not its tensors: a slot adopts its initial
                 # tensor's buffer, which XLA's first step replaces; a tensor held
                 # here would keep that old buffer, a copy of the slot, alive.
-                structure = tf.nest.pack_sequence_as(state, list(range(len(leaves))))
-                self._layout.items.append((key, structure, list(slots)))
+                structure = tf.nest.pack_sequence_as(state, list(range(len(names))))
+                self._layout.items.append((key, structure, names))
             if self._spec.options.accumulation_steps > 1:
                 for path, var in zip(paths, variables):
                     self.accumulators[path] = tf.Variable(
                         tf.zeros(var.shape, _master_dtype(var.dtype)),
                         trainable=False, name=f"accumulator_{path}")
         self.built = True
+
+    def _views(self, key: str, name: str, packed: tf.Variable,
+               paths: list[str]) -> dict[str, SlotView]:
+        """Each variable's slice of a packed slot, named as its own slot would be."""
+        layout = self.packing
+        assert layout is not None
+        if packed.shape != [layout.total]:
+            raise GradpipeError(
+                f"transform {key!r} declares elementwise, but init() of the packed "
+                f"vector gave {name!r} the shape {packed.shape}, not [{layout.total}]")
+        return {name.replace(PACKED_PATH, path): SlotView(packed, offset, shape,
+                                                           name.replace(PACKED_PATH, path))
+                for path, offset, shape in zip(paths, layout.offsets, layout.shapes)}
 
     def _mask(self, extra: dict[str, Any], paths: list[str], where: str) -> list[bool]:
         include = extra.get("variables") or ()
@@ -162,7 +210,7 @@ class StateStore(tf.Module):
 
     def align(self, pairs: Sequence[tuple[Any, Any]]) -> list[Any]:
         """Gradients in the order of the built variables; ``None`` where absent."""
-        grads: list[Any] = [None] * len(self.variables)
+        grads: list[Any] = [None] * len(self._index)
         for g, v in pairs:
             index = self._index.get(_key(v))
             if index is None:
@@ -174,8 +222,8 @@ class StateStore(tf.Module):
 
     def read(self, i: int) -> Any:
         key, structure, names = self._layout.items[i]
-        slots = self.slots[key]
-        return tf.nest.pack_sequence_as(structure, [slots[n].read_value() for n in names])
+        leaves = self._leaves.items[0][key]
+        return tf.nest.pack_sequence_as(structure, [leaves[n].read_value() for n in names])
 
     def layout_items(self) -> list[tuple[str, Any, list[str]]]:
         """``(key, structure, slot names)`` of every transform, in chain order."""
@@ -184,7 +232,8 @@ class StateStore(tf.Module):
     def slot_variables(self, i: int) -> Any:
         """Transform ``i``'s state as its ``tf.Variable``s, in ``init``'s structure."""
         key, structure, names = self._layout.items[i]
-        return tf.nest.pack_sequence_as(structure, [self.slots[key][n] for n in names])
+        leaves = self._leaves.items[0][key]
+        return tf.nest.pack_sequence_as(structure, [leaves[n] for n in names])
 
     def write(self, new_states: list[Any], skip: int | None = None) -> list[Any]:
         ops = []
@@ -198,10 +247,21 @@ class StateStore(tf.Module):
                 raise GradpipeError(
                     f"transform {key!r} returned a state whose structure differs from "
                     f"its init(): {exc}") from None
-            slots = self.slots[key]
+            leaves = self._leaves.items[0][key]
             for name, value in zip(names, tf.nest.flatten(state)):
-                ops.append(slots[name].assign(tf.cast(value, slots[name].dtype)))
+                leaf = leaves[name]
+                value = tf.cast(value, leaf.dtype)
+                if self.present is not None and PACKED_PATH in name:
+                    # elements without a gradient keep their state, as unpacked
+                    value = tf.where(self.present, value, leaf.read_value())
+                ops.append(leaf.assign(value))
         return ops
+
+    def per_variable(self, updates: list[Any]) -> tuple[list[Any], list[Any]]:
+        """``(parameters, updates)`` one per variable, unpacking a packed update."""
+        if self.packing is None:
+            return self.variables, updates
+        return self.parameters, self.packing.unpack(updates[0])
 
     def refresh_from_masters(self, updates: list[Any]) -> list[Any]:
         """Copy updated float32 masters into their half-precision variables."""

@@ -15,6 +15,7 @@ from typing import Any
 import tensorflow as tf
 
 from .errors import GradpipeError
+from .packed import AUTO_PACK_MIN_VARIABLES, packing_blocker
 from .step_ops import (
     all_finite,
     finite_and_record_norm,
@@ -68,14 +69,30 @@ class StepEngine:
         components = [t.config for t in self._spec.transforms]
         if self._spec.loss_scale is not None:
             components.append(self._spec.loss_scale.config)
-        sizes = [v.shape.num_elements() for v in self._state.variables]
+        return (all(getattr(c, "xla_compatible", False) for c in components)
+                # packed: one vector, one small XLA function that fuses the chain
+                and (self._state.packing is not None or self._xla_pays(self._state.variables))
+                and self._fast_path_allowed(grads))
+
+    def _xla_pays(self, variables: list[Any]) -> bool:
+        """Few variables, not small: "auto" compiles them (one XLA loop per array)."""
+        sizes = [v.shape.num_elements() for v in variables]
         # the plain path's last rule may be one in-place kernel already (sgd)
         in_place = bool(self._transforms) and self._transforms[-1].apply is not None
         min_mean = AUTO_JIT_MIN_MEAN_SIZE_IN_PLACE if in_place else AUTO_JIT_MIN_MEAN_SIZE
-        return (all(getattr(c, "xla_compatible", False) for c in components)
-                and len(sizes) <= AUTO_JIT_MAX_VARIABLES and None not in sizes
-                and sum(sizes) >= min_mean * max(len(sizes), 1)
-                and self._fast_path_allowed(grads))
+        return (len(sizes) <= AUTO_JIT_MAX_VARIABLES and None not in sizes
+                and sum(sizes) >= min_mean * max(len(sizes), 1))
+
+    def _should_pack(self, variables: list[Any]) -> bool:
+        """``[pipeline] pack_variables``, decided once, when the state is created."""
+        mode = self._spec.options.pack_variables
+        if mode is False:
+            return False
+        blocker = packing_blocker(self, variables)
+        if mode is True and blocker:
+            raise GradpipeError(f"[pipeline] pack_variables = true, but {blocker}")
+        return not blocker and (mode is True or (
+            len(variables) >= AUTO_PACK_MIN_VARIABLES and not self._xla_pays(variables)))
 
     def _fast_path_allowed(self, grads: list[Any]) -> bool:
         """One device, dense gradients, no summary writer: where the step may be fused
@@ -103,7 +120,16 @@ class StepEngine:
             return "scalars"
         return "updates"
 
-    def _step(self, grads: list[Any]) -> tf.Tensor:
+    def _step(self, grads: list[Any], present: tf.Tensor | None = None) -> tf.Tensor:
+        """One step; packed (``present``: where the packed gradients exist, if not
+        everywhere), the update is left in ``pending`` (``_subtract_packed``)."""
+        self._state.present = present
+        try:
+            return self._traced_step(grads)
+        finally:
+            self._state.present = None
+
+    def _traced_step(self, grads: list[Any]) -> tf.Tensor:
         with build_scope(self._context):  # squared_norm/require_finite reach this step
             self._context.shared.clear()
             scale = self.loss_scale
@@ -284,7 +310,7 @@ class StepEngine:
         return (self._transforms[last].apply is not None
                 and not self._compiling and self._guard != "updates"
                 and last not in self._pre_reduce and all(store.masks[last])
-                and not any(store.frozen) and not store.masters
+                and not any(store.frozen) and not store.masters and not store.packing
                 and self._fast_path_allowed(grads))
 
     def _update_in_place(self, grads: list[Any]) -> tf.Tensor:
@@ -343,6 +369,11 @@ class StepEngine:
         false), then refresh half-precision variables from their masters."""
         store = self._state
         ops = store.write(new_states)
+        if store.packing is not None:  # _subtract_packed applies it to the variables
+            update = updates[0]
+            if store.present is not None:
+                update = tf.where(store.present, update, tf.zeros([], update.dtype))
+            return ops + [store.pending.assign(update)]
         for var, update, frozen in zip(store.variables, updates, store.frozen):
             if update is not None and not frozen:
                 if applies is not None:
@@ -352,6 +383,23 @@ class StepEngine:
                 ops.append(subtract_update(var, update))
         with tf.control_dependencies(ops):
             return ops + store.refresh_from_masters(updates)
+
+    def _subtract_packed(self, applied: tf.Tensor) -> tf.Tensor:
+        """Subtract each variable's slice of the packed update, if the step applied.
+
+        Every slice exists before the first variable is written, so the variables
+        are updated together or not at all, as on every other path.
+        """
+        store = self._state
+
+        def subtract() -> tf.Tensor:
+            deltas = store.packing.unpack(store.pending.read_value())
+            with tf.control_dependencies([tf.group(*deltas)]):
+                ops = [var.assign_sub(d) for var, d in zip(store.parameters, deltas)]
+            with tf.control_dependencies(ops):
+                return tf.constant(True)
+
+        return tf.cond(applied, subtract, lambda: tf.constant(False))
 
     def _reject(self) -> tf.Tensor:
         self._skipped.assign_add(1)

@@ -66,7 +66,7 @@ def write_update_summaries(pipe: Any, grads: list[Any], updates: list[Any]) -> N
         from .pipeline import variable_path
         from .step_ops import slice_values
 
-        for var, update in zip(pipe._state.variables, updates):
+        for var, update in zip(*pipe._state.per_variable(updates)):
             if update is None:
                 continue
             u = tf.norm(tf.cast(slice_values(update), tf.float32))

@@ -196,6 +196,8 @@ def _check_fast_path_declarations(name: str, table: dict[str, Any]) -> None:
         if not all(np.isfinite(v).all() for v in values):
             raise ContractError(f"transform {name!r} declares preserves_finite, but "
                                 f"finite gradients left non-finite values ({applied=})")
+    if getattr(config, "elementwise", False):
+        _check_elementwise(name, config_table)
     if create("transform", table).apply is not None:
         def functional(pipe: Any) -> None:
             for i, t in enumerate(pipe._transforms):
@@ -207,6 +209,38 @@ def _check_fast_path_declarations(name: str, table: dict[str, Any]) -> None:
         if not all(np.array_equal(a, b) for a, b in zip(in_place, reference)):
             raise ContractError(f"transform {name!r}: apply() and update() disagree: "
                                 f"{in_place} vs {reference}")
+
+
+def _check_elementwise(name: str, config_table: dict[str, Any]) -> None:
+    """Run on all variables packed into one vector, the transform gives what it
+    gives variable by variable: three variables of different shapes, a skipped step
+    and a missing gradient included."""
+    import numpy as np
+    import tensorflow as tf
+
+    from .api import build
+
+    rng = np.random.default_rng(0)
+    shapes = [(2, 3), (4,), (1, 2, 2)]
+    steps: list[list[Any]] = [[rng.normal(size=s).astype("f4") for s in shapes]
+                              for _ in range(4)]
+    steps[1][0][0, 1] = math.nan
+    steps[2][2] = None
+    results = []
+    for packed in (False, True):
+        variables = [tf.Variable(np.linspace(-1, 1, math.prod(s), dtype="f4").reshape(s))
+                     for s in shapes]
+        pipe = build({**config_table, "pipeline": {"pack_variables": packed,
+                                                   "jit_compile": False}})
+        for grads in steps:
+            pipe.apply_gradients((None if g is None else tf.constant(g), v)
+                                 for g, v in zip(grads, variables))
+        results.append([v.numpy() for v in variables] +
+                       [np.asarray(v.numpy()) for v in pipe.named_variables().values()])
+    if not all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(*results)):
+        raise ContractError(f"transform {name!r} declares elementwise, but packed into "
+                            f"one vector its results differ from those variable by "
+                            f"variable: {results[0]} vs {results[1]}")
 
 
 def _check_pipeline_steps(kind: str, name: str, table: dict[str, Any]) -> None:

@@ -77,6 +77,8 @@ def _fast_path(cls: type) -> str:
             found.append(f"updates proved finite by scalars ({when[0].lower()}{when[1:]})")
     elif declared:
         found.append("updates proved finite by scalars")
+    if getattr(cls, "elementwise", False):
+        found.append('state packed with many small variables (`pack_variables = "auto"`)')
     return "; ".join(found)
 
 

@@ -41,6 +41,8 @@ class ClipGlobalNormConfig(ClipNormConfig):
 
     # Output norm <= clip_norm; the factor is the only value that can be non-finite.
     preserves_finite: ClassVar[bool] = True
+    # one factor for all gradients: packed into one vector, the same
+    elementwise: ClassVar[bool] = True
 
 
 def clip_by_global_norm(cfg: ClipGlobalNormConfig) -> Transform:

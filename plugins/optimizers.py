@@ -40,6 +40,7 @@ class SGDConfig:
     update_rule: ClassVar[bool] = True
     xla_compatible: ClassVar[bool] = True
     predicated: ClassVar[bool] = True
+    elementwise: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.01, validator=non_negative())
     momentum: Any = hyperparameter(default=0.0, validator=in_range(0.0, 1.0))
@@ -140,6 +141,7 @@ class AdamConfig:
     update_rule: ClassVar[bool] = True
     xla_compatible: ClassVar[bool] = True
     predicated: ClassVar[bool] = True
+    elementwise: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.001, validator=non_negative())
     beta_1: Any = hyperparameter(default=0.9, validator=in_range(0.0, 1.0, high_open=True))
@@ -177,6 +179,9 @@ class AdamWConfig(AdamConfig):
         weight_decay: decay rate; ``var -= var * weight_decay * learning_rate``.
         exclude_from_weight_decay: regexes of variable paths that are not decayed.
     """
+
+    # reads the variables, and excludes some by path
+    elementwise: ClassVar[bool] = False
 
     weight_decay: Any = hyperparameter(default=0.004, validator=non_negative())
     exclude_from_weight_decay: tuple[str, ...] = ()

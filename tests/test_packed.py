@@ -1,0 +1,243 @@
+"""Packed state (multi-tensor apply): many small variables, one packed chain.
+
+* "auto" packs exactly where it is allowed and pays; ``true`` names what blocks it;
+* packed and per-variable steps agree, skipped steps and missing gradients included;
+* checkpoints and .keras files are the same either way, and restore across;
+* the packed step launches a few ops per variable, not a chain per variable.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import gradpipe
+from conftest import assert_close
+from gradpipe import GradpipeError
+from gradpipe.packed import SlotView
+
+RNG = np.random.default_rng(3)
+SHAPES = [(int(n),) if i % 3 else (int(n) // 4, 4)
+          for i, n in enumerate(RNG.integers(8, 60, size=24) * 4)]  # 24 small variables
+INIT = [RNG.normal(size=s).astype("f4") for s in SHAPES]
+CLIP_ADAM = {"loss_scale": {"kind": "dynamic", "initial_loss_scale": 1024.0,
+                            "increment_period": 2},
+             "transforms": [{"kind": "clip_by_global_norm", "clip_norm": 1.0},
+                            {"kind": "adam", "learning_rate": 0.05}]}
+CLIP_SGD = {"transforms": [{"kind": "clip_by_global_norm", "clip_norm": 1.0},
+                           {"kind": "sgd", "learning_rate": 0.1, "momentum": 0.9,
+                            "nesterov": True}]}
+
+
+def _with(table: dict, **options) -> dict:
+    return {**table, "pipeline": {**table.get("pipeline", {}), **options}}
+
+
+def _grads(poison: str | None = None, missing: int | None = None) -> list:
+    grads = [RNG.normal(size=s).astype("f4") * 4096 for s in SHAPES]
+    if poison == "nan":
+        grads[5].flat[1] = np.nan
+    elif poison == "huge":  # finite, but the sum of squares overflows float32
+        grads[2][:] = 1e30
+    if missing is not None:
+        grads[missing] = None
+    return grads
+
+
+SEQUENCE = [_grads(), _grads(), _grads("nan"), _grads(missing=7), _grads("huge"),
+            _grads(), _grads(missing=0), _grads()]
+
+
+def _run(table: dict, sequence=SEQUENCE, compiled=True):
+    variables = [tf.Variable(x) for x in INIT]
+    pipe = gradpipe.build(table)
+
+    def step(grads):
+        return pipe.apply_gradients(zip(grads, variables))
+
+    fn = tf.function(step) if compiled else step
+    applied = [bool(fn([None if x is None else tf.constant(x) for x in g]))
+               for g in sequence]
+    state = {k: v.numpy() for k, v in pipe.named_variables().items()}
+    return [v.numpy() for v in variables], state, applied, pipe
+
+
+def _packs(table: dict, shapes) -> bool:
+    pipe = gradpipe.build(table)
+    pipe.build([tf.Variable(tf.zeros(s)) for s in shapes])
+    return pipe._state.packing is not None
+
+
+def test_auto_packs_many_small_variables_of_an_elementwise_chain():
+    assert _packs(CLIP_ADAM, SHAPES) and _packs(CLIP_SGD, SHAPES)
+    assert not _packs(CLIP_ADAM, SHAPES[:3])  # too few for the op count to matter
+    assert not _packs(CLIP_ADAM, [(128, 128)] * 20)  # compiled one by one instead
+    assert _packs(CLIP_ADAM, [(128, 128)] * (gradpipe.step.AUTO_JIT_MAX_VARIABLES + 1))
+    assert not _packs(_with(CLIP_ADAM, pack_variables=False), SHAPES)
+    assert _packs(_with(CLIP_ADAM, pack_variables=True), SHAPES[:2])
+    adamw = {"transforms": [{"kind": "adamw"}]}  # reads the variables: not elementwise
+    assert not _packs(adamw, SHAPES)
+    assert not _packs(_with(CLIP_ADAM, accumulation_steps=2), SHAPES)
+
+
+@pytest.mark.parametrize("table, reason", [
+    ({"transforms": [{"kind": "adamw"}]}, "adamw do not declare elementwise"),
+    (_with(CLIP_ADAM, freeze=["Variable"]), "freeze"),
+    ({"transforms": [{"kind": "adam", "exclude": ["Variable"]}]}, "exclude"),
+])
+def test_pack_true_names_what_prevents_it(table, reason):
+    with pytest.raises(GradpipeError, match=reason):
+        _packs(_with(table, pack_variables=True), SHAPES)
+
+
+@pytest.mark.parametrize("table", [CLIP_ADAM, CLIP_SGD], ids=["adam", "sgd"])
+@pytest.mark.parametrize("jit", [False, "auto"], ids=["plain", "xla"])
+def test_packed_and_per_variable_steps_agree(table, jit):
+    """Same skips, same scale, weights and every slot within 1e-6: NaN and overflowing
+    steps skipped, a missing gradient leaves its variable and its slots alone."""
+    packed = _run(_with(table, jit_compile=jit))
+    reference = _run(_with(table, jit_compile=False, pack_variables=False))
+    assert packed[3]._state.packing is not None
+    assert reference[3]._state.packing is None
+    assert packed[3]._compiling is (jit == "auto")
+    assert packed[2] == reference[2]
+    if "loss_scale" in table:
+        assert packed[2] == [True, True, False, True, True, True, True, True]
+    assert_close(packed[0], reference[0], rtol=1e-6, atol=1e-6)
+    assert packed[1].keys() == reference[1].keys()
+    for name in packed[1]:
+        assert_close(packed[1][name], reference[1][name], rtol=1e-6, atol=1e-6)
+
+
+def test_a_missing_gradient_leaves_its_variable_and_slots_exactly_as_they_were():
+    table = _with(CLIP_ADAM, pack_variables=True)
+    before = _run(table, SEQUENCE[:3])
+    after = _run(table, SEQUENCE[:3] + [_grads(missing=4)])
+    np.testing.assert_array_equal(after[0][4], before[0][4])
+    for kind in ("mu", "nu"):
+        names = [k for k in after[1] if k.startswith(f"slots/1_adam/{kind}/")]
+        assert len(names) == len(SHAPES)
+        # eager tf.Variables are all "Variable": the slots are suffixed in order
+        np.testing.assert_array_equal(after[1][f"slots/1_adam/{kind}/Variable_4"],
+                                      before[1][f"slots/1_adam/{kind}/Variable_4"])
+        assert not np.array_equal(after[1][f"slots/1_adam/{kind}/Variable_5"],
+                                  before[1][f"slots/1_adam/{kind}/Variable_5"])
+
+
+def test_eager_and_traced_packed_steps_agree():
+    traced = _run(CLIP_ADAM)
+    eager = _run(CLIP_ADAM, compiled=False)
+    assert eager[2] == traced[2]
+    assert_close(eager[0], traced[0], rtol=1e-6, atol=1e-6)
+
+
+def test_packed_adam_matches_keras_adam():
+    """Against the reference: Keras Adam(global_clipnorm=1), 5 steps (atol 1e-6)."""
+    table = {"transforms": CLIP_ADAM["transforms"]}
+    grads = [_grads() for _ in range(5)]
+    ours, _, applied, pipe = _run(table, grads)
+    assert pipe._state.packing is not None and all(applied)
+    variables = [tf.Variable(x) for x in INIT]
+    opt = keras.optimizers.Adam(0.05, global_clipnorm=1.0)
+    for g in grads:
+        opt.apply_gradients([(tf.constant(x), v) for x, v in zip(g, variables)])
+    assert_close(ours, [v.numpy() for v in variables], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("saved_packed", [True, False], ids=["packed-saved", "plain-saved"])
+def test_checkpoints_restore_across_packed_and_per_variable_layouts(tmp_path, saved_packed):
+    def pipeline(packed):
+        return _run(_with(CLIP_ADAM, pack_variables=packed), SEQUENCE[:1])
+
+    saved = _run(_with(CLIP_ADAM, pack_variables=saved_packed))
+    path = tf.train.Checkpoint(pipeline=saved[3]).save(str(tmp_path / "ckpt"))
+    target = pipeline(not saved_packed)
+    assert target[3].layout() == saved[3].layout()
+    target[3].restore(path)
+    for name, value in target[3].named_variables().items():
+        np.testing.assert_array_equal(np.asarray(value.numpy()), saved[1][name])
+
+
+def test_slot_views_read_and_write_like_variables():
+    pipe = _run(CLIP_ADAM, SEQUENCE[:2])[3]
+    state = pipe.transform_state("adam")
+    view = state[next(k for k in state if k.startswith("mu/"))]
+    assert isinstance(view, SlotView)
+    value = view.numpy()
+    assert value.shape == tuple(view.shape) and value.any()
+    view.assign(np.full(view.shape, 2.0, "f4"))
+    np.testing.assert_array_equal(tf.convert_to_tensor(view).numpy(), 2.0)
+    others = [v.numpy() for k, v in state.items() if k.startswith("mu/") and v is not view]
+    assert all(np.all(o != 2.0) for o in others)  # only its own slice was written
+
+
+def test_the_packed_step_is_a_few_ops_per_variable():
+    """Per variable: its gradient reshaped into the pack, its slice of the update
+    reshaped and subtracted. The chain runs once, not once per variable."""
+    bookkeeping = {"Const", "Placeholder", "Identity", "NoOp"}  # no kernel work
+
+    def op_count(packed, shapes):
+        variables = [tf.Variable(tf.zeros(s)) for s in shapes]
+        pipe = gradpipe.build(_with(CLIP_ADAM, pack_variables=packed, jit_compile=False))
+        grads = [tf.zeros(s) for s in shapes]
+        step = tf.function(lambda: pipe.apply_gradients(zip(grads, variables)))
+        graph = step.get_concrete_function().graph
+        types = [op.type for op in graph.get_operations()]
+        for function in graph._functions.values():  # the conditionals' branches
+            types += [node.op for node in function.definition.node_def]
+        return sum(t not in bookkeeping for t in types)
+
+    def ops_per_variable(packed):  # what one more variable adds
+        return (op_count(packed, SHAPES * 2) - op_count(packed, SHAPES)) / len(SHAPES)
+
+    packed, per_variable = ops_per_variable(True), ops_per_variable(False)
+    assert packed <= 3, packed  # reshape in, reshape out, subtract (none for vectors)
+    assert per_variable > 5 * packed, (per_variable, packed)
+
+
+def test_one_trace_and_no_hook_call_per_packed_step():
+    from gradpipe.registry import get_registry
+
+    variables = [tf.Variable(x) for x in INIT]
+    pipe = gradpipe.build(CLIP_ADAM)
+    pipe.build(variables)  # state created inside a first trace makes TF trace twice
+    step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+    step([tf.constant(x) for x in SEQUENCE[0]])
+    calls = []
+    undo = get_registry().pm.add_hookcall_monitoring(
+        lambda name, impls, kwargs: calls.append(name), lambda *a: None)
+    try:
+        for grads in SEQUENCE[1:3] + SEQUENCE[5:6]:
+            step([tf.constant(x) for x in grads])
+    finally:
+        undo()
+    assert pipe._state.packing is not None
+    assert step.experimental_get_tracing_count() == 1 and calls == []
+
+
+def test_keras_fit_save_and_load_with_packed_state(tmp_path):
+    """A model of 24 small layers: fit packs, .keras holds every slot by name."""
+    keras.utils.set_random_seed(2)
+    x = RNG.normal(size=(64, 4)).astype("f4")
+    y = RNG.normal(size=(64, 1)).astype("f4")
+    layers = [keras.Input((4,))] + [keras.layers.Dense(4, activation="tanh")
+                                    for _ in range(11)] + [keras.layers.Dense(1)]
+    m = keras.Sequential(layers)
+    pipe = gradpipe.build({"transforms": CLIP_ADAM["transforms"]})
+    m.compile(optimizer=pipe.keras_optimizer(), loss="mse")
+    m.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    assert pipe._state.packing is not None
+    m.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert loaded.optimizer.pipeline._state.packing is not None
+    saved = pipe.named_variables()
+    restored = loaded.optimizer.pipeline.named_variables()  # the model's name may differ
+    assert len(restored) == len(saved) > 2 * 24
+    for ours, theirs in zip(saved.values(), restored.values()):
+        np.testing.assert_array_equal(theirs.numpy(), ours.numpy())
+    m.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    loaded.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    assert_close([np.asarray(w) for w in loaded.get_weights()],
+                 [np.asarray(w) for w in m.get_weights()], rtol=0, atol=0)
