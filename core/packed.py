@@ -34,8 +34,8 @@ AUTO_PACK_MIN_VARIABLES = 16
 def packing_blocker(pipe: Any, variables: Sequence[Any]) -> str:
     """Why ``variables`` cannot be packed for ``pipe`` ("" if they can)."""
     spec = pipe.spec
-    chain = [t for i, t in enumerate(spec.transforms) if i not in pipe._pre_reduce]
-    not_elementwise = [t.name for t in chain if not getattr(t.config, "elementwise", False)]
+    not_elementwise = [t.name for t in spec.transforms
+                       if not getattr(t.config, "elementwise", False)]
     if not_elementwise:
         return f"transforms {', '.join(not_elementwise)} do not declare elementwise"
     if pipe._pre_reduce:
