@@ -264,3 +264,24 @@ def test_packed_fit_matches_keras_adam(jit):
     assert pipe._state.packing is not None and int(pipe.iterations) == 8
     reference = fitted(keras.optimizers.Adam(0.05, global_clipnorm=1.0), False)
     assert_close(ours, reference, rtol=0, atol=1e-5)
+
+
+def test_sparse_gradients_are_packed_dense_with_duplicate_rows_summed():
+    """An embedding-style gradient (IndexedSlices, a repeated row) packed: the same
+    step as per variable, where adam reads the gradient dense too."""
+    def run(packed):
+        variables = [tf.Variable(x) for x in INIT]
+        pipe = gradpipe.build(_with(CLIP_ADAM, pack_variables=packed))
+        for grads in SEQUENCE[:2]:
+            tensors = [tf.constant(g) for g in grads]
+            rows = tf.constant([0, 2, 0])  # row 0 twice: its values add up
+            tensors[1] = tf.IndexedSlices(tf.gather(tensors[1], rows), rows,
+                                          tf.constant(SHAPES[1], tf.int64))
+            pipe.apply_gradients(zip(tensors, variables))
+        return [v.numpy() for v in variables], pipe
+
+    packed, pipe = run(True)
+    per_variable, _ = run(False)
+    assert pipe._state.packing is not None and SHAPES[1][0] > 3
+    assert_close(packed, per_variable, rtol=1e-6, atol=1e-6)
+    assert not np.array_equal(packed[1][0], INIT[1][0])  # the summed row moved
