@@ -120,9 +120,11 @@ class SlotView(tf.__internal__.tracking.Trackable):
         self.dtype = packed.dtype
         self.name = name
 
+    def _slice(self) -> Any:
+        return self._packed[self._offset:self._offset + self._size]
+
     def read_value(self) -> tf.Tensor:
-        flat = self._packed[self._offset:self._offset + self._size]
-        return tf.reshape(flat, self.shape)
+        return tf.reshape(self._slice(), self.shape)
 
     value = read_value
 
@@ -131,7 +133,7 @@ class SlotView(tf.__internal__.tracking.Trackable):
 
     def assign(self, value: Any) -> Any:
         flat = tf.reshape(tf.cast(value, self.dtype), [self._size])
-        return self._packed[self._offset:self._offset + self._size].assign(flat)
+        return self._slice().assign(flat)
 
     def __repr__(self) -> str:
         return f"<SlotView {self.name!r} shape={self.shape} of a packed slot>"

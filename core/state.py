@@ -259,9 +259,8 @@ class StateStore(tf.Module):
 
     def per_variable(self, updates: list[Any]) -> tuple[list[Any], list[Any]]:
         """``(parameters, updates)`` one per variable, unpacking a packed update."""
-        if self.packing is None:
-            return self.variables, updates
-        return self.parameters, self.packing.unpack(updates[0])
+        return self.parameters, (updates if self.packing is None
+                                 else self.packing.unpack(updates[0]))
 
     def refresh_from_masters(self, updates: list[Any]) -> list[Any]:
         """Copy updated float32 masters into their half-precision variables."""

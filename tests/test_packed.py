@@ -82,6 +82,11 @@ def test_auto_packs_many_small_variables_of_an_elementwise_chain():
     assert not _packs(_with(CLIP_ADAM, accumulation_steps=2), SHAPES)
 
 
+def test_a_bad_pack_variables_value_is_a_config_error():
+    with pytest.raises(gradpipe.ConfigError, match=r"pipeline\.pack_variables: .*'auto'"):
+        gradpipe.build(_with(CLIP_ADAM, pack_variables="yes"))
+
+
 @pytest.mark.parametrize("table, reason", [
     ({"transforms": [{"kind": "adamw"}]}, "adamw do not declare elementwise"),
     (_with(CLIP_ADAM, freeze=["Variable"]), "freeze"),
