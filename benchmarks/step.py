@@ -9,14 +9,19 @@ Measures, interleaved in one run, medians of:
       update is one XLA function where that is safe, as it is here; with --small
       there are more variables than "auto" compiles one by one, so their state is
       packed into one vector and the packed chain is one XLA function);
+  (a+) the same pipeline in a train step compiled whole, tf.function(jit_compile=
+      True): the compiled step is inlined, not called from a graph;
   (a') the same pipeline with [pipeline] jit_compile = false and pack_variables =
       false (the per-variable plain path, as under a multi-replica strategy);
   (b) Keras 3 LossScaleOptimizer(<rule>(global_clipnorm=1)) in tf.function;
   (c) the same Keras optimizer under jit_compile=True;
   (d) the floor: one XLA function that reads and writes only what the rule must
-      (Adam: 4 reads, 3 writes; SGD with momentum: 3 reads, 2 writes).
---no-xla leaves out (c) and (d), whose XLA compilation takes many minutes at
-2,000 variables. Each ratio is given as the ratio of the medians and as the
+      (Adam: 4 reads, 3 writes; SGD with momentum: 3 reads, 2 writes);
+  (e) the floor with clipping: (d) plus the global norm, a second read of the
+      gradients (summed by gradpipe's fold: XLA's own reduction takes about four
+      times as long on a CPU), written by hand as one XLA function.
+--no-xla leaves out (a+), (c), (d) and (e), whose XLA compilation takes many
+minutes at 2,000 variables. Each ratio is given as the ratio of the medians and as the
 median over rounds of the ratio within a round, which the machine's drift
 between rounds does not move.
 """
@@ -30,6 +35,7 @@ import numpy as np
 from _common import interleaved_samples, medians, paired_ratio, table
 
 import gradpipe
+from gradpipe.transform import sum_of_squares
 
 
 def shapes(args: argparse.Namespace) -> list[int]:
@@ -81,16 +87,19 @@ def main() -> None:
     table_ = {"loss_scale": {"kind": "dynamic"},
               "transforms": [{"kind": "clip_by_global_norm", "clip_norm": 1.0}, rule]}
     name = args.rule.capitalize() if args.rule == "adam" else "SGD"
-    labels = {"a": "a  gradpipe", "a'": "a' gradpipe, per variable, no XLA",
+    labels = {"a": "a  gradpipe", "a+": "a+ gradpipe, train step under XLA",
+              "a'": "a' gradpipe, per variable, no XLA",
               "b": f"b  Keras LSO({name})", "c": f"c  Keras LSO({name}), XLA",
-              "d": "d  floor (XLA)"}
+              "d": "d  floor (XLA)", "e": "e  floor with clipping (XLA)"}
     cases = {}
-    for key, jit in (("a", "auto"), ("a'", False)):
+    gradpipe_cases = (("a", "auto", False), ("a+", "auto", True), ("a'", False, False))
+    for key, jit, whole in gradpipe_cases[::2] if args.no_xla else gradpipe_cases:
         vs = variables()
         pipe = gradpipe.build({**table_, "pipeline": {"jit_compile": jit,
                                                       "pack_variables": jit and "auto"}})
         pipe.build(vs)
-        cases[labels[key]] = tf.function(lambda p=pipe, v=vs: p.apply_gradients(zip(grads, v)))
+        cases[labels[key]] = tf.function(lambda p=pipe, v=vs: p.apply_gradients(zip(grads, v)),
+                                         jit_compile=whole)
     for key, jit in (("b", False), ("c", True))[:1 if args.no_xla else 2]:
         vs = variables()
         opt = keras.optimizers.LossScaleOptimizer(keras_rule(1e-3, global_clipnorm=1.0,
@@ -98,24 +107,29 @@ def main() -> None:
         opt.build(vs)
         cases[labels[key]] = tf.function(lambda o=opt, v=vs: o.apply_gradients(zip(grads, v)),
                                          jit_compile=jit)
-    p, m, v = variables(), variables(), variables()
+    def floor(clip: bool):
+        p, m, v = variables(), variables(), variables()
 
-    @tf.function(jit_compile=True)
-    def floor() -> None:
-        for i, g in enumerate(grads):
-            if args.rule == "adam":  # read param, grad, m, v; write param, m, v
-                m_new = 0.9 * m[i] + 0.1 * g
-                v_new = 0.999 * v[i] + 0.001 * g * g
-                m[i].assign(m_new)
-                v[i].assign(v_new)
-                p[i].assign(p[i] - 1e-3 * m_new / (tf.sqrt(v_new) + 1e-7))
-            else:  # read param, grad, m; write param, m
-                m_new = 0.9 * m[i] - 1e-3 * g
-                m[i].assign(m_new)
-                p[i].assign(p[i] + m_new)
+        @tf.function(jit_compile=True)
+        def step() -> None:
+            factor = tf.minimum(1.0, tf.math.rsqrt(sum_of_squares(grads))) if clip else 1.0
+            for i, g in enumerate(grads):
+                g = g * factor if clip else g
+                if args.rule == "adam":  # read param, grad, m, v; write param, m, v
+                    m_new = 0.9 * m[i] + 0.1 * g
+                    v_new = 0.999 * v[i] + 0.001 * g * g
+                    m[i].assign(m_new)
+                    v[i].assign(v_new)
+                    p[i].assign(p[i] - 1e-3 * m_new / (tf.sqrt(v_new) + 1e-7))
+                else:  # read param, grad, m; write param, m
+                    m_new = 0.9 * m[i] - 1e-3 * g
+                    m[i].assign(m_new)
+                    p[i].assign(p[i] + m_new)
+        return step
 
     if not args.no_xla:
-        cases[labels["d"]] = floor
+        cases[labels["d"]] = floor(clip=False)
+        cases[labels["e"]] = floor(clip=True)
     samples = interleaved_samples(cases, args.repeats, sync=lambda r: tf.constant(0).numpy())
     times = medians(samples)
     rows = [(label, f"{t * 1e3:.2f}", f"{bytes_per_param * total / t / 1e9:.2f}")
@@ -123,9 +137,11 @@ def main() -> None:
     title = (f"step benchmark ({args.rule}): {total:,} float32 parameters in {len(sizes)} "
              f"variables, median of {args.repeats} interleaved runs")
     print(table(title, rows, ("case", "ms/step", f"GB/s at {bytes_per_param} B/param")))
+    pairs = [("a", "b"), ("a", "c"), ("a", "d"), ("a", "e"), ("a+", "d"), ("a+", "e"),
+             ("e", "d"), ("a'", "b"), ("a'", "c"), ("a'", "d")]
     ratios = [(f"{x}/{y}", f"{times[labels[x]] / times[labels[y]]:.3f}",
                f"{paired_ratio(samples[labels[x]], samples[labels[y]]):.3f}")
-              for x in ("a", "a'") for y in ("b", "c", "d") if labels[y] in times]
+              for x, y in pairs if labels[x] in times and labels[y] in times]
     print(table("ratios (lower is faster)", ratios,
                 ("ratio", "of the medians", "median of the rounds' ratios")))
 
