@@ -21,9 +21,9 @@ Measures, interleaved in one run, medians of:
       gradients (summed by gradpipe's fold: XLA's own reduction takes about four
       times as long on a CPU), written by hand as one XLA function.
 --no-xla leaves out (a+), (c), (d) and (e), whose XLA compilation takes many
-minutes at 2,000 variables. Each ratio is given as the ratio of the medians and as the
-median over rounds of the ratio within a round, which the machine's drift
-between rounds does not move.
+minutes at 2,000 variables. Each ratio is given as the ratio of the medians and
+as the median over rounds of the ratio within a round, which the machine's
+drift between rounds does not move.
 """
 
 from __future__ import annotations
@@ -93,7 +93,9 @@ def main() -> None:
               "d": "d  floor (XLA)", "e": "e  floor with clipping (XLA)"}
     cases = {}
     gradpipe_cases = (("a", "auto", False), ("a+", "auto", True), ("a'", False, False))
-    for key, jit, whole in gradpipe_cases[::2] if args.no_xla else gradpipe_cases:
+    for key, jit, whole in gradpipe_cases:
+        if whole and args.no_xla:
+            continue
         vs = variables()
         pipe = gradpipe.build({**table_, "pipeline": {"jit_compile": jit,
                                                       "pack_variables": jit and "auto"}})
