@@ -70,6 +70,11 @@ class StateStore(tf.Module):
         return self._vars.items
 
     @property
+    def _leaf_variables(self) -> dict[str, dict[str, tf.Variable]]:
+        """Per transform key, the variables read() and write() use, by leaf name."""
+        return self._leaves.items[0]
+
+    @property
     def pending(self) -> tf.Variable:
         """Packed: where the step leaves its update for ``_subtract_packed``."""
         return self._pending.items[0]
@@ -147,7 +152,7 @@ class StateStore(tf.Module):
                     else:
                         slots[name] = leaves[name]
                 self.slots[key] = slots
-                self._leaves.items[0][key] = leaves
+                self._leaf_variables[key] = leaves
                 # Keep init()'s structure, not its tensors: a slot adopts its initial
                 # tensor's buffer, which XLA's first step replaces; a tensor held
                 # here would keep that old buffer, a copy of the slot, alive.
@@ -169,9 +174,9 @@ class StateStore(tf.Module):
             raise GradpipeError(
                 f"transform {key!r} declares elementwise, but init() of the packed "
                 f"vector gave {name!r} the shape {packed.shape}, not [{layout.total}]")
-        return {name.replace(PACKED_PATH, path): SlotView(packed, offset, shape,
-                                                           name.replace(PACKED_PATH, path))
-                for path, offset, shape in zip(paths, layout.offsets, layout.shapes)}
+        views = (SlotView(packed, offset, shape, name.replace(PACKED_PATH, path))
+                 for path, offset, shape in zip(paths, layout.offsets, layout.shapes))
+        return {view.name: view for view in views}
 
     def _mask(self, extra: dict[str, Any], paths: list[str], where: str) -> list[bool]:
         include = extra.get("variables") or ()
@@ -222,7 +227,7 @@ class StateStore(tf.Module):
 
     def read(self, i: int) -> Any:
         key, structure, names = self._layout.items[i]
-        leaves = self._leaves.items[0][key]
+        leaves = self._leaf_variables[key]
         return tf.nest.pack_sequence_as(structure, [leaves[n].read_value() for n in names])
 
     def layout_items(self) -> list[tuple[str, Any, list[str]]]:
@@ -232,7 +237,7 @@ class StateStore(tf.Module):
     def slot_variables(self, i: int) -> Any:
         """Transform ``i``'s state as its ``tf.Variable``s, in ``init``'s structure."""
         key, structure, names = self._layout.items[i]
-        leaves = self._leaves.items[0][key]
+        leaves = self._leaf_variables[key]
         return tf.nest.pack_sequence_as(structure, [leaves[n] for n in names])
 
     def write(self, new_states: list[Any], skip: int | None = None) -> list[Any]:
@@ -247,7 +252,7 @@ class StateStore(tf.Module):
                 raise GradpipeError(
                     f"transform {key!r} returned a state whose structure differs from "
                     f"its init(): {exc}") from None
-            leaves = self._leaves.items[0][key]
+            leaves = self._leaf_variables[key]
             for name, value in zip(names, tf.nest.flatten(state)):
                 leaf = leaves[name]
                 value = tf.cast(value, leaf.dtype)
