@@ -19,8 +19,12 @@ Measures, interleaved in one run, medians of:
       (Adam: 4 reads, 3 writes; SGD with momentum: 3 reads, 2 writes);
   (e) the floor with clipping: (d) plus the global norm, a second read of the
       gradients (summed by gradpipe's fold: XLA's own reduction takes about four
-      times as long on a CPU), written by hand as one XLA function.
---no-xla leaves out (a+), (c), (d) and (e), whose XLA compilation takes many
+      times as long on a CPU), written by hand as one XLA function;
+  (d*), (e*) the same floors with the variables in sequence: each variable's
+      gradient depends on the previous variable's new value, as gradpipe orders
+      large variables on a CPU (gradpipe.sequence), so XLA runs each variable's
+      loops together instead of kind by kind. The tighter floor where it is faster.
+--no-xla leaves out (a+), (c) and the floors, whose XLA compilation takes many
 minutes at 2,000 variables. Each ratio is given as the ratio of the medians and
 as the median over rounds of the ratio within a round, which the machine's
 drift between rounds does not move.
@@ -90,7 +94,8 @@ def main() -> None:
     labels = {"a": "a  gradpipe", "a+": "a+ gradpipe, train step under XLA",
               "a'": "a' gradpipe, per variable, no XLA",
               "b": f"b  Keras LSO({name})", "c": f"c  Keras LSO({name}), XLA",
-              "d": "d  floor (XLA)", "e": "e  floor with clipping (XLA)"}
+              "d": "d  floor (XLA)", "e": "e  floor with clipping (XLA)",
+              "d*": "d* floor, variables in sequence", "e*": "e* floor with clipping, in sequence"}
     cases = {}
     gradpipe_cases = (("a", "auto", False), ("a+", "auto", True), ("a'", False, False))
     for key, jit, whole in gradpipe_cases:
@@ -109,7 +114,7 @@ def main() -> None:
         opt.build(vs)
         cases[labels[key]] = tf.function(lambda o=opt, v=vs: o.apply_gradients(zip(grads, v)),
                                          jit_compile=jit)
-    def floor(clip: bool):
+    def floor(clip: bool, in_sequence: bool = False):
         p, m, v = variables(), variables(), variables()
 
         @tf.function(jit_compile=True)
@@ -117,6 +122,8 @@ def main() -> None:
             factor = tf.minimum(1.0, tf.math.rsqrt(sum_of_squares(grads))) if clip else 1.0
             for i, g in enumerate(grads):
                 g = g * factor if clip else g
+                if in_sequence and i:  # exactly g, computed after variable i - 1's update
+                    g = g * (1.0 - 0.0 * p[i - 1][0])
                 if args.rule == "adam":  # read param, grad, m, v; write param, m, v
                     m_new = 0.9 * m[i] + 0.1 * g
                     v_new = 0.999 * v[i] + 0.001 * g * g
@@ -132,6 +139,8 @@ def main() -> None:
     if not args.no_xla:
         cases[labels["d"]] = floor(clip=False)
         cases[labels["e"]] = floor(clip=True)
+        cases[labels["d*"]] = floor(clip=False, in_sequence=True)
+        cases[labels["e*"]] = floor(clip=True, in_sequence=True)
     samples = interleaved_samples(cases, args.repeats, sync=lambda r: tf.constant(0).numpy())
     times = medians(samples)
     rows = [(label, f"{t * 1e3:.2f}", f"{bytes_per_param * total / t / 1e9:.2f}")
@@ -140,7 +149,8 @@ def main() -> None:
              f"variables, median of {args.repeats} interleaved runs")
     print(table(title, rows, ("case", "ms/step", f"GB/s at {bytes_per_param} B/param")))
     pairs = [("a", "b"), ("a", "c"), ("a", "d"), ("a", "e"), ("a+", "d"), ("a+", "e"),
-             ("e", "d"), ("a'", "b"), ("a'", "c"), ("a'", "d")]
+             ("e", "d"), ("a", "d*"), ("a", "e*"), ("a+", "d*"), ("e*", "d*"), ("d*", "d"),
+             ("a'", "b"), ("a'", "c"), ("a'", "d")]
     ratios = [(f"{x}/{y}", f"{times[labels[x]] / times[labels[y]]:.3f}",
                f"{paired_ratio(samples[labels[x]], samples[labels[y]]):.3f}")
               for x, y in pairs if labels[x] in times and labels[y] in times]

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from .errors import GradpipeError
 from .packed import AUTO_PACK_MIN_VARIABLES, packing_blocker
+from .sequence import VariableSequence
 from .step_ops import (
     all_finite,
     finite_and_record_norm,
@@ -24,7 +25,7 @@ from .step_ops import (
     unscale,
 )
 from .summaries import write_step_summaries, write_update_summaries
-from .transform import build_scope, record_squared_norm, squared_norm
+from .transform import _accelerator_visible, build_scope, record_squared_norm, squared_norm
 
 # "auto" compiles where XLA pays (docs/performance.md, measured on 2 cores): XLA
 # fuses the chain's element-wise passes, so clipping + Adam over 64 variables of
@@ -182,9 +183,11 @@ class StepEngine:
             return self._predicated_update(grads, unscaled, finite, ok)
 
         def commit() -> tf.Tensor:
-            fresh = unscaled()
+            sequence = self._sequence(unscaled())
+            fresh = sequence.grads
             record_squared_norm(fresh, squared_norm(grads))
-            return self._commit(fresh, *self._run_chain(fresh, skip=self._pre_reduce))
+            return self._commit(fresh, *self._run_chain(fresh, skip=self._pre_reduce),
+                                sequence=sequence)
 
         def reject() -> tf.Tensor:  # non-finite gradients are counted by _step already
             self._skipped.assign_add(tf.cast(finite, tf.int64))
@@ -209,20 +212,28 @@ class StepEngine:
         the bare update's speed (docs/performance.md).
         """
         shared = self._context.shared
-        fresh = unscaled()
+        sequence = self._sequence(unscaled())
+        fresh = sequence.grads
         record_squared_norm(fresh, squared_norm(grads))
         shared["applies"] = ok
         try:
             updates, new_states = self._run_chain(fresh, skip=self._pre_reduce)
         finally:
             del shared["applies"]
-        ops = self._assign(new_states, updates, applies=ok)
+        ops = self._assign(new_states, updates, applies=ok, sequence=sequence)
         with tf.control_dependencies(ops):
             self._iterations.assign_add(tf.cast(ok, tf.int64))
             # non-finite gradients are counted by _step already
             self._skipped.assign_add(tf.cast(finite & ~ok, tf.int64))
         with tf.control_dependencies(ops + [self._iterations.read_value()]):
             return tf.identity(ok)
+
+    def _sequence(self, fresh: list[Any]) -> VariableSequence:
+        """Gate the gradients a compiled step unscales again, so that XLA on a CPU
+        updates one large variable after another (``gradpipe.sequence``)."""
+        enabled = (self._compiling and self._state.packing is None
+                   and not _accelerator_visible())
+        return VariableSequence(fresh, self._state.variables, enabled)
 
     def _required_finite(self, grads: list[Any]) -> tf.Tensor:
         """Trace the chain for the scalars its transforms ``require_finite``."""
@@ -340,7 +351,8 @@ class StepEngine:
 
         return tf.cond(finite, commit, self._reject)
 
-    def _commit(self, grads: list[Any], updates: list[Any], new_states: list[Any]) -> tf.Tensor:
+    def _commit(self, grads: list[Any], updates: list[Any], new_states: list[Any],
+                sequence: VariableSequence | None = None) -> tf.Tensor:
         """Assign the new state and subtract the updates, once all of them exist.
 
         Atomic: no assignment runs before every new value is computed, so an
@@ -354,7 +366,7 @@ class StepEngine:
         # One barrier: every op under control_dependencies(computed) would get an
         # edge from each value, quadratic in the variables (minutes to trace 2,000).
         with tf.control_dependencies([tf.group(*computed)] if computed else []):
-            ops = self._assign(new_states, updates)
+            ops = self._assign(new_states, updates, sequence=sequence)
         with tf.control_dependencies(ops):
             self._iterations.assign_add(1)
         with tf.control_dependencies(ops + [self._iterations.read_value()]):
@@ -364,9 +376,11 @@ class StepEngine:
             return real_branch_marker(self._iterations)
 
     def _assign(self, new_states: list[Any], updates: list[Any],
-                applies: tf.Tensor | None = None) -> list[Any]:
+                applies: tf.Tensor | None = None,
+                sequence: VariableSequence | None = None) -> list[Any]:
         """Write the new states, subtract the updates (dropped where ``applies`` is
-        false), then refresh half-precision variables from their masters."""
+        false), then refresh half-precision variables from their masters. With a
+        ``sequence``, each variable's new value then gates the next one's gradient."""
         store = self._state
         ops = store.write(new_states)
         if store.packing is not None:  # _subtract_packed applies it to the variables
@@ -374,13 +388,17 @@ class StepEngine:
             if store.present is not None:
                 update = tf.where(store.present, update, tf.zeros([], update.dtype))
             return ops + [store.pending.assign(update)]
-        for var, update, frozen in zip(store.variables, updates, store.frozen):
+        for i, (var, update, frozen) in enumerate(zip(store.variables, updates, store.frozen)):
             if update is not None and not frozen:
                 if applies is not None:
                     # A scalar zero: with zeros_like XLA writes the variable to a new
                     # buffer (measured: peak memory 320 against 95 MiB at 20M params).
                     update = tf.where(applies, update, tf.zeros([], update.dtype))
                 ops.append(subtract_update(var, update))
+                if sequence is not None:
+                    sequence.written(i, var, ops[-1])
+        if sequence is not None:
+            sequence.link()
         with tf.control_dependencies(ops):
             return ops + store.refresh_from_masters(updates)
 
