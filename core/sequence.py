@@ -5,9 +5,9 @@ moment loops first, then every variable's parameter loop, which reads the new
 moments back from memory once they have long left the cache. Given a data
 dependency from each variable's new value to the next variable's gradient, it
 runs each variable's loops together, and the parameter loop finds the moments
-in the cache: the step took 0.87 of its time at 50 variables of 400k floats
-(docs/performance.md). Small variables are left unordered: their loops are too
-short to split across threads, and XLA gains by running several at once.
+in the cache: the step took 0.87 to 0.93 of its time at 50 variables of 400k
+floats (docs/performance.md). Smaller variables are left unordered: there it
+gained nothing, as XLA runs several short loops at once.
 
 Tracing builds every gradient before any new value, so the dependency cannot
 be written in order. Each gradient passes through an identity (a *gate*) whose
@@ -26,9 +26,10 @@ from typing import Any
 
 import tensorflow as tf
 
-# 2**18 floats, 1 MiB: below this, ordering cost more than it gained (measured
-# at 50k-float variables; from 100k to 1M floats it gained 5-13%).
-SEQUENCE_MIN_SIZE = 1 << 18
+# Measured, the full step at about 20M parameters (docs/performance.md): in
+# sequence took 1.00-1.02 of the time at 50k and 131k floats per variable,
+# 0.93-0.95 at 160k, 0.87-0.93 at 200k to 1M, 0.97 at 4M.
+SEQUENCE_MIN_SIZE = 150_000
 
 
 class VariableSequence:
