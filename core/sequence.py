@@ -42,10 +42,6 @@ class VariableSequence:
         self.grads = [g if gate is None else gate for g, gate in zip(grads, self._gates)]
         self._new_values: dict[int, tf.Tensor] = {}
 
-    @property
-    def active(self) -> bool:
-        return any(gate is not None for gate in self._gates)
-
     def written(self, index: int, variable: Any, write: Any) -> None:
         """Variable ``index`` was assigned its new value by ``write``."""
         if self._gates[index] is not None:
