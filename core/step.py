@@ -183,9 +183,8 @@ class StepEngine:
             return self._predicated_update(grads, unscaled, finite, ok)
 
         def commit() -> tf.Tensor:
-            sequence = self._sequence(unscaled())
+            sequence = self._unscale_again(grads, unscaled)
             fresh = sequence.grads
-            record_squared_norm(fresh, squared_norm(grads))
             return self._commit(fresh, *self._run_chain(fresh, skip=self._pre_reduce),
                                 sequence=sequence)
 
@@ -212,9 +211,8 @@ class StepEngine:
         the bare update's speed (docs/performance.md).
         """
         shared = self._context.shared
-        sequence = self._sequence(unscaled())
+        sequence = self._unscale_again(grads, unscaled)
         fresh = sequence.grads
-        record_squared_norm(fresh, squared_norm(grads))
         shared["applies"] = ok
         try:
             updates, new_states = self._run_chain(fresh, skip=self._pre_reduce)
@@ -228,12 +226,16 @@ class StepEngine:
         with tf.control_dependencies(ops + [self._iterations.read_value()]):
             return tf.identity(ok)
 
-    def _sequence(self, fresh: list[Any]) -> VariableSequence:
-        """Gate the gradients a compiled step unscales again, so that XLA on a CPU
-        updates one large variable after another (``gradpipe.sequence``)."""
+    def _unscale_again(self, grads: list[Any], unscaled: Any) -> VariableSequence:
+        """The gradients unscaled again for the chain (``.grads``), with the sum of
+        squares known for ``grads`` recorded for them too. Compiled on a CPU, they
+        are gated so that XLA updates one large variable after another
+        (``gradpipe.sequence``)."""
         enabled = (self._compiling and self._state.packing is None
                    and not _accelerator_visible())
-        return VariableSequence(fresh, self._state.variables, enabled)
+        sequence = VariableSequence(unscaled(), self._state.variables, enabled)
+        record_squared_norm(sequence.grads, squared_norm(grads))
+        return sequence
 
     def _required_finite(self, grads: list[Any]) -> tf.Tensor:
         """Trace the chain for the scalars its transforms ``require_finite``."""
