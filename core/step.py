@@ -139,12 +139,17 @@ class StepEngine:
             raw = grads
 
             def unscaled() -> list[Any]:
+                if self.loss_scaler is None:  # nothing to divide by: no op per gradient
+                    return [None if g is None else tf.cast(g, dtype)
+                            for g, dtype in zip(raw, self._state.compute_dtypes)]
                 return [None if g is None else unscale(g, scale, dtype, reciprocal)
                         for g, dtype in zip(raw, self._state.compute_dtypes)]
 
             grads = unscaled()
-            finite = finite_and_record_norm(grads, unscaled, raw if reciprocal else None,
-                                            scale)
+            # the sum over the scaled gradients, divided by S**2, saves a pass; without
+            # a loss scale the gradients are the unscaled ones already
+            scaled = raw if reciprocal and self.loss_scaler is not None else None
+            finite = finite_and_record_norm(grads, unscaled, scaled, scale)
             if self.loss_scaler is not None:
                 _, should_apply = (self.loss_scaler.update(grads, finite=finite)
                                    if self._scaler_takes_finite
@@ -154,7 +159,9 @@ class StepEngine:
             k = self._spec.options.accumulation_steps
             if k > 1:
                 applied = self._accumulate(grads, finite, k)
-            elif self._guard != "updates" and not self._can_apply_in_place(grads):
+            elif not self._compiling:
+                applied = self._update(grads, finite)
+            elif self._guard != "updates":
                 applied = self._decide_then_update(grads, unscaled, finite)
             else:
                 applied = tf.cond(finite, lambda: self._update(grads),
@@ -166,15 +173,16 @@ class StepEngine:
 
     def _decide_then_update(self, grads: list[Any], unscaled: Any,
                             finite: tf.Tensor) -> tf.Tensor:
-        """Decide whether the step applies, then run the chain and assign.
+        """The compiled step: decide whether it applies, then run the chain and assign.
 
         The chain is traced once for the scalars its transforms require finite
         (its tensor work is dead and pruned) and once to update. One conditional
-        holds the chain and the assignments: no update is its operand, so no
-        nested conditional switches them, and under XLA nothing the size of the
-        parameters crosses it (the gradients are unscaled again inside). A
-        compiled predicated chain needs no conditional at all
-        (``_predicated_update``).
+        holds the chain and the assignments, so that nothing the size of the
+        parameters crosses it, which XLA would copy (the gradients are unscaled
+        again inside). A predicated chain needs no conditional at all
+        (``_predicated_update``). The plain step traces the chain once instead
+        (``_update``): there a conditional copies nothing, and each scalar traced
+        twice would run twice.
         """
         ok = finite
         if self._guard == "scalars":
@@ -291,24 +299,26 @@ class StepEngine:
             new_states.append(state)
         return updates, new_states
 
-    def _update(self, grads: list[Any]) -> tf.Tensor:
+    def _update(self, grads: list[Any], finite: tf.Tensor | None = None) -> tf.Tensor:
         """Run the chain and assign, unless a NaN/Inf would reach the weights.
 
         A NaN/Inf born inside the chain (0/0 in a trust ratio, an overflow) is skipped
         like a non-finite gradient. Where every transform ``preserves_finite``, the
         scalars they ``require_finite`` prove the updates finite; otherwise every
         update element is checked. Either check comes before the first assignment.
+        The plain step passes ``finite`` (whether the gradients are): the chain is
+        then traced once, and one conditional, which only writes, decides on both.
         """
-        chain = self._pre_reduce
         if self._can_apply_in_place(grads):
-            return self._update_in_place(grads)
-        if self._guard == "none":
-            return self._commit(grads, *self._run_chain(grads, skip=chain))
+            return self._update_in_place(grads, finite)
         updates, new_states, required = self._run_chain_for_required(grads)
-        checks = (required if self._guard == "scalars" else
-                  [u for u, frozen in zip(updates, self._state.frozen) if not frozen])
+        checks = {"none": [], "scalars": required, "updates": [
+            u for u, frozen in zip(updates, self._state.frozen) if not frozen]}[self._guard]
+        checks = checks if finite is None else [finite, *checks]
+        if not checks:
+            return self._commit(grads, updates, new_states)
         return tf.cond(all_finite(checks), lambda: self._commit(grads, updates, new_states),
-                       self._reject)
+                       lambda: self._reject(finite))
 
     def _can_apply_in_place(self, grads: list[Any]) -> bool:
         """Whether the last transform may update its variables and state in place.
@@ -326,7 +336,7 @@ class StepEngine:
                 and not any(store.frozen) and not store.masters and not store.packing
                 and self._fast_path_allowed(grads))
 
-    def _update_in_place(self, grads: list[Any]) -> tf.Tensor:
+    def _update_in_place(self, grads: list[Any], finite: tf.Tensor | None) -> tf.Tensor:
         """The chain up to its last transform, then that transform's fused ``apply``.
 
         The last transform's ``update`` is traced only for the scalars it requires
@@ -336,10 +346,10 @@ class StepEngine:
         store, shared = self._state, self._context.shared
         shared.pop("required_finite", None)
         inputs, new_states = self._run_chain(grads, skip=self._pre_reduce | {last})
-        finite = tf.constant(True)
         if self._guard == "scalars":
             self._transforms[last].update(inputs, store.read(last), store.variables)
-            finite = all_finite(shared.pop("required_finite", []))
+        checks = shared.pop("required_finite", []) if self._guard == "scalars" else []
+        checks = checks if finite is None else [finite, *checks]
 
         def commit() -> tf.Tensor:
             ops = store.write(new_states, skip=last)
@@ -351,7 +361,7 @@ class StepEngine:
             with tf.control_dependencies([self._iterations.read_value()]):
                 return tf.constant(True)
 
-        return tf.cond(finite, commit, self._reject)
+        return tf.cond(all_finite(checks), commit, lambda: self._reject(finite))
 
     def _commit(self, grads: list[Any], updates: list[Any], new_states: list[Any],
                 sequence: VariableSequence | None = None) -> tf.Tensor:
@@ -421,6 +431,7 @@ class StepEngine:
 
         return tf.cond(applied, subtract, lambda: tf.constant(False))
 
-    def _reject(self) -> tf.Tensor:
-        self._skipped.assign_add(1)
+    def _reject(self, finite: tf.Tensor | None = None) -> tf.Tensor:
+        """Count a skip, unless non-finite gradients were counted already (``_step``)."""
+        self._skipped.assign_add(1 if finite is None else tf.cast(finite, tf.int64))
         return tf.constant(False)

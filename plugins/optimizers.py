@@ -257,9 +257,37 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
             updates.append(step_update)
         return updates, AdamState(count, mus, nus, maxes)
 
-    # No in-place kernel: TF's ResourceApplyAdam computes 1 - beta in float32, which
-    # differs from Keras (1 - 0.999 is off by 1.3e-5 relative); Keras semantics win.
-    return Transform(init, update)
+    def apply(grads: list[Any], slots: AdamState, variables: list[Any]) -> list[Any]:
+        """``update`` and the subtraction done in place, as Keras 3 writes it:
+        ``m.assign_add((g - m) * (1 - beta_1))`` and the same for ``v``, then
+        ``var.assign_sub(m * alpha / (sqrt(v) + epsilon))``. ``assign_add`` rounds as
+        ``update``'s ``m + (g - m) * (1 - beta_1)`` does, so the two agree bit for bit.
+        Not TF's ``ResourceApplyAdam``: it computes ``1 - beta`` in float32, off from
+        Keras by 1.3e-5 relative for 0.999; Keras semantics win."""
+        import tensorflow as tf
+
+        count = slots.count.assign_add(1)
+        step = tf.cast(count, tf.float32)
+        b1, b2 = beta_1(), beta_2()
+        alpha32 = lr() * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
+        ops = [count]
+        for i, (g, var) in enumerate(zip(grads, variables)):
+            if g is None:
+                continue
+            m, v = slots.mu[i], slots.nu[i]
+            dtype = m.dtype
+            g = tf.cast(_dense(g), dtype)
+            m_new = m.assign_add((g - m) * one_minus(beta_1, dtype))
+            v_new = v.assign_add((tf.square(g) - v) * one_minus(beta_2, dtype))
+            if cfg.amsgrad:
+                v_new = slots.nu_max[i].assign(tf.maximum(slots.nu_max[i], v_new))
+            ops.append(var.assign_sub(tf.cast(
+                m_new * tf.cast(alpha32, dtype) / (tf.sqrt(v_new) + tf.cast(cfg.epsilon, dtype)),
+                var.dtype)))
+        return ops
+
+    # adamw subtracts its decay with the Adam step, in one update: no in-place form
+    return Transform(init, update, apply if weight_decay is None else None)
 
 
 @hookimpl

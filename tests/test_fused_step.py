@@ -73,10 +73,11 @@ SGD = {"transforms": [{"kind": "sgd", "learning_rate": 0.1, "momentum": 0.9}]}
 
 def test_auto_compiles_few_variables_that_are_not_small():
     assert _decides(CLIP_ADAM, LARGE)
-    assert _decides(CLIP_ADAM, MLP)
     assert not _decides(CLIP_ADAM, SHAPES)  # tiny: nothing to fuse that pays
-    # sgd's plain path is one in-place kernel already: XLA pays on large variables only
+    # sgd and adam update in place on the plain path: XLA pays on larger variables only
     assert _decides(SGD, LARGE) and not _decides(SGD, MLP)
+    assert not _decides(CLIP_ADAM, MLP)
+    assert _decides(_with(CLIP_ADAM, check_updates=False), LARGE)
     many = [(16_384,)] * (gradpipe.step.AUTO_JIT_MAX_VARIABLES + 1)
     # compile time grows with every variable...
     assert not _decides(_with(CLIP_ADAM, pack_variables=False), many)
@@ -275,20 +276,28 @@ SGD_CASES = {"momentum": {"kind": "sgd", "learning_rate": 0.1, "momentum": 0.9},
              "nesterov": {"kind": "sgd", "learning_rate": 0.1, "momentum": 0.9,
                           "nesterov": True},
              "plain": {"kind": "sgd", "learning_rate": 0.1}}
+ADAM_CASES = {"adam": {"kind": "adam", "learning_rate": 0.1},
+              "amsgrad": {"kind": "adam", "learning_rate": 0.1, "amsgrad": True,
+                          "beta_2": 0.99},
+              "scheduled": {"kind": "adam", "beta_1": 0.8, "learning_rate": {
+                  "kind": "piecewise_constant", "learning_rate": 0.1, "boundaries": [2],
+                  "decay_rates": [0.1]}}}
 
 
-@pytest.mark.parametrize("case", SGD_CASES)
-def test_sgd_in_place_kernels_equal_the_functional_update_bit_for_bit(case):
-    """ResourceApplyKerasMomentum/GradientDescent compute exactly Keras's formulas."""
+@pytest.mark.parametrize("case", [*SGD_CASES, *ADAM_CASES])
+def test_in_place_updates_equal_the_functional_update_bit_for_bit(case):
+    """sgd: ResourceApplyKerasMomentum/GradientDescent compute exactly Keras's
+    formulas; adam: assign_add rounds as the functional update's additions do."""
     grads = [_grads(1.0) for _ in range(6)] + [_grads(1.0, "nan")]
     results = []
     for in_place in (True, False):
         variables = [tf.Variable(x) for x in INIT]
-        pipe = gradpipe.build({"transforms": [SGD_CASES[case]],
+        pipe = gradpipe.build({"transforms": [{**SGD_CASES, **ADAM_CASES}[case]],
                                "pipeline": {"jit_compile": False}})
         pipe.build(variables)
         if not in_place:
             pipe._transforms[-1] = pipe._transforms[-1]._replace(apply=None)
+        assert pipe._can_apply_in_place([tf.constant(x) for x in grads[0]]) is in_place
         step = tf.function(lambda g, p=pipe, v=variables: p.apply_gradients(zip(g, v)))
         applied = [bool(step([tf.constant(x) for x in g])) for g in grads]
         results.append(([v.numpy() for v in variables],
