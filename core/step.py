@@ -346,10 +346,10 @@ class StepEngine:
         store, shared = self._state, self._context.shared
         shared.pop("required_finite", None)
         inputs, new_states = self._run_chain(grads, skip=self._pre_reduce | {last})
-        if self._guard == "scalars":
+        checks = [] if finite is None else [finite]
+        if self._guard == "scalars":  # the chain's required scalars, the last's included
             self._transforms[last].update(inputs, store.read(last), store.variables)
-        checks = shared.pop("required_finite", []) if self._guard == "scalars" else []
-        checks = checks if finite is None else [finite, *checks]
+            checks += shared.pop("required_finite", [])
 
         def commit() -> tf.Tensor:
             ops = store.write(new_states, skip=last)

@@ -209,6 +209,13 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
         return weight_decay is not None and not any(
             re.search(p, variable_path(var)) for p in exclude)
 
+    def step_size(count: Any) -> Any:
+        """Keras's ``alpha``: the rate with both bias corrections, at step ``count``."""
+        import tensorflow as tf
+
+        step = tf.cast(count, tf.float32)
+        return lr() * tf.sqrt(1 - tf.pow(beta_2(), step)) / (1 - tf.pow(beta_1(), step))
+
     def init(variables: list[Any]) -> AdamState:
         import tensorflow as tf
 
@@ -219,10 +226,9 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
         import tensorflow as tf
 
         count = state.count + 1
-        step = tf.cast(count, tf.float32)
+        alpha32 = step_size(count)
         count = select_applied(count, state.count)
         b1, b2 = beta_1(), beta_2()
-        alpha32 = lr() * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
         if cfg.epsilon > 0:  # what makes every update finite (see preserves_finite)
             require_finite(squared_norm(grads),
                            tf.cast(alpha32, tf.float64) * (_LARGEST_ELEMENT / cfg.epsilon),
@@ -267,9 +273,7 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
         import tensorflow as tf
 
         count = slots.count.assign_add(1)
-        step = tf.cast(count, tf.float32)
-        b1, b2 = beta_1(), beta_2()
-        alpha32 = lr() * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
+        alpha32 = step_size(count)
         ops = [count]
         for i, (g, var) in enumerate(zip(grads, variables)):
             if g is None:
