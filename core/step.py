@@ -139,10 +139,9 @@ class StepEngine:
             raw = grads
 
             def unscaled() -> list[Any]:
-                if self.loss_scaler is None:  # nothing to divide by: no op per gradient
-                    return [None if g is None else tf.cast(g, dtype)
-                            for g, dtype in zip(raw, self._state.compute_dtypes)]
-                return [None if g is None else unscale(g, scale, dtype, reciprocal)
+                # without a loss scaler there is nothing to divide by: no op per gradient
+                return [None if g is None else tf.cast(g, dtype) if self.loss_scaler is None
+                        else unscale(g, scale, dtype, reciprocal)
                         for g, dtype in zip(raw, self._state.compute_dtypes)]
 
             grads = unscaled()
@@ -196,11 +195,7 @@ class StepEngine:
             return self._commit(fresh, *self._run_chain(fresh, skip=self._pre_reduce),
                                 sequence=sequence)
 
-        def reject() -> tf.Tensor:  # non-finite gradients are counted by _step already
-            self._skipped.assign_add(tf.cast(finite, tf.int64))
-            return tf.constant(False)
-
-        return tf.cond(ok, commit, reject)
+        return tf.cond(ok, commit, lambda: self._reject(finite))
 
     def _chain_is_predicated(self) -> bool:
         """Every transform with state routes it through ``select_applied``."""
