@@ -8,6 +8,7 @@ subtracted from the variable. The formulas follow ``keras.optimizers.SGD`` and
 
 from __future__ import annotations
 
+import struct
 from typing import Any, ClassVar, NamedTuple
 
 import attrs
@@ -21,6 +22,10 @@ from gradpipe.transform import require_finite, select_applied, squared_norm
 
 # sqrt of the float32 maximum: an input with a finite sum of squares has no larger element.
 _LARGEST_ELEMENT = 2.0**64
+# below the float32 maximum (3.4028e38), with room for float32 rounding of the bounded values
+_FLOAT32_BOUND = 3.4e38
+# the largest Adam step size a schedule is assumed to reach (lr 1, beta_1 0.999)
+_SCHEDULED_ALPHA_BOUND = 1e3
 
 # -- SGD ---------------------------------------------------------------------
 
@@ -55,7 +60,7 @@ class SGDConfig:
         the bound: such updates are checked element by element)."""
         lr, mu = self.learning_rate, self.momentum
         return (isinstance(lr, float) and isinstance(mu, float) and mu < 1
-                and lr * _LARGEST_ELEMENT / (1 - mu) * (1 + mu) < 3.4e38)
+                and lr * _LARGEST_ELEMENT / (1 - mu) * (1 + mu) < _FLOAT32_BOUND)
 
 
 class SGDState(NamedTuple):
@@ -152,11 +157,30 @@ class AdamConfig:
 
     @property
     def preserves_finite(self) -> bool:
-        """When ``epsilon > 0``.
+        """When ``epsilon > 0`` and the step size is known to stay small enough.
 
-        |m| stays below the largest input element and the step below
-        ``alpha * |m| / epsilon``: finite when epsilon > 0 (0/0 otherwise)."""
-        return self.epsilon > 0
+        |m| stays below the largest input element (2**64), so the step
+        ``alpha * |m| / (sqrt(v) + epsilon)`` stays below ``alpha * 2**64 /
+        epsilon``: finite while that is below the float32 maximum (0/0 for
+        epsilon = 0). Every step requires this of its own ``alpha``, so a step
+        is skipped rather than let an infinite update through. So that no step
+        is skipped for the bound alone, the bound must hold for the largest
+        ``alpha`` the config allows: ``lr / (1 - beta_1)`` for a constant rate
+        and beta_1, and 1,000 (a rate of 1 with beta_1 = 0.999) for a scheduled
+        one. Otherwise (a rate above about 9e10, or epsilon below about 5e-17)
+        every update element is checked instead."""
+        if self.epsilon <= 0:
+            return False
+        lr, b1 = self.learning_rate, self.beta_1
+        if isinstance(lr, float) and isinstance(b1, float):
+            # 1 - beta_1 as float32 rounds it, and a factor 2 for alpha's own rounding
+            one_minus_b1 = 1.0 - struct.unpack("f", struct.pack("f", b1))[0]
+            if one_minus_b1 <= 0:
+                return False
+            largest_alpha = 2 * lr / one_minus_b1
+        else:
+            largest_alpha = _SCHEDULED_ALPHA_BOUND
+        return largest_alpha * _LARGEST_ELEMENT / self.epsilon < _FLOAT32_BOUND
 
 
 class AdamState(NamedTuple):
@@ -230,8 +254,9 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
         count = select_applied(count, state.count)
         b1, b2 = beta_1(), beta_2()
         if cfg.epsilon > 0:  # what makes every update finite (see preserves_finite)
-            require_finite(squared_norm(grads),
-                           tf.cast(alpha32, tf.float64) * (_LARGEST_ELEMENT / cfg.epsilon),
+            # the bound in float64, compared with float32's maximum: NaN/Inf fail too
+            bound = tf.cast(alpha32, tf.float64) * (_LARGEST_ELEMENT / cfg.epsilon)
+            require_finite(squared_norm(grads), bound < _FLOAT32_BOUND,
                            (b1 >= 0) & (b1 < 1) & (b2 >= 0) & (b2 < 1))  # scheduled betas
         updates, mus, nus = [], [], []
         maxes = list(state.nu_max)

@@ -131,6 +131,63 @@ def test_an_out_of_range_scheduled_beta_is_skipped_by_the_scalar_guard():
     assert np.isfinite(np.concatenate([w.ravel() for w in weights])).all()
 
 
+# beta_2 = 0: after a gradient of 1e19, a zero gradient leaves v = 0 and m = 0.0099 *
+# 1e19, so Adam's second step is 50 * lr * m / epsilon: infinite in float32 at lr 1e13,
+# where the first step (about lr) is finite.
+HUGE_THEN_ZERO = [[np.array([1e19, 0, 0, 0], "f4")]] + [[np.zeros(4, "f4")]] * 2
+
+
+def _huge_rate_adam(learning_rate: object, jit: bool) -> dict:
+    return {"pipeline": {"jit_compile": jit}, "schedules": {"huge": {
+        "kind": "linear", "start": 1e13, "end": 1e13, "steps": 10}},
+        "transforms": [{"kind": "adam", "learning_rate": learning_rate, "beta_1": 0.99,
+                        "beta_2": 0.0}]}
+
+
+def _run_one_variable(table: dict, grads: list) -> tuple[np.ndarray, list[bool], object]:
+    variable = tf.Variable(np.zeros(4, "f4"))
+    pipe = gradpipe.build(table)
+    step = tf.function(lambda g: pipe.apply_gradients([(g, variable)]))
+    applied = [bool(step(tf.constant(g[0]))) for g in grads]
+    return variable.numpy(), applied, pipe
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["plain", "fused"])
+def test_a_constant_rate_beyond_adams_scalar_bound_checks_every_update(jit):
+    """A rate whose bound alpha * 2**64 / epsilon can pass the float32 maximum is
+    guarded element by element: the finite first step applies, the infinite second
+    one is skipped. (The bound used to be checked for finiteness in float64 only,
+    which let this infinite update reach the weights.)"""
+    weights, applied, pipe = _run_one_variable(_huge_rate_adam(1e13, jit), HUGE_THEN_ZERO)
+    assert pipe._guard == "updates"
+    assert applied == [True, False, False]
+    assert np.isfinite(weights).all() and weights[0] < -1e12
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["plain", "fused"])
+def test_a_scheduled_adam_step_beyond_the_scalar_bound_is_skipped(jit):
+    weights, applied, pipe = _run_one_variable(_huge_rate_adam("@huge", jit), HUGE_THEN_ZERO)
+    assert pipe._guard == "scalars"
+    assert applied == [False, False, False]
+    np.testing.assert_array_equal(weights, np.zeros(4, "f4"))
+
+
+@pytest.mark.parametrize("options, scalars", [
+    ({"learning_rate": 9e10}, True),
+    ({"learning_rate": 1e11}, False),  # 2 * lr / (1 - 0.9f) * 2**64 / 1e-7 > 3.4e38
+    ({"learning_rate": 0.001, "epsilon": 1e-20}, True),
+    ({"learning_rate": 0.01, "epsilon": 1e-20}, False),
+    ({"learning_rate": "@lr", "epsilon": 1e-16}, True),  # a schedule: alpha <= 1,000
+    ({"learning_rate": "@lr", "epsilon": 1e-17}, False),
+    ({"epsilon": 0.0}, False),
+])
+def test_adam_is_guarded_by_scalars_only_where_its_bound_holds(options, scalars):
+    pipe = gradpipe.build({"schedules": {"lr": {"kind": "linear", "start": 0.1, "end": 0.0,
+                                                "steps": 10}},
+                           "transforms": [{"kind": "adam", **options}]})
+    assert (pipe._guard == "scalars") is scalars
+
+
 @pytest.mark.parametrize("table, compiles", [
     ({"transforms": [{"kind": "adagrad"}]}, False),  # does not declare xla_compatible
     ({"transforms": [{"kind": "adam"}], "loss_scale": {"kind": "backoff"}}, True),
