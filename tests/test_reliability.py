@@ -64,19 +64,26 @@ SCALAR_GUARDED = st.one_of(
               EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]), st.booleans()))
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
+@settings(max_examples=100, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
-@given(rule=SCALAR_GUARDED,
+@given(rule=SCALAR_GUARDED, scheduled=st.booleans(),
        clip=st.sampled_from([None, 1e-3, 1.0, 1e30]),
        grads=st.lists(st.lists(EXTREME_ELEMENTS, min_size=3, max_size=3),
                       min_size=2, max_size=5))
-def test_the_scalar_guard_never_applies_a_step_the_element_guard_skips(rule, clip, grads):
+def test_the_scalar_guard_never_applies_a_step_the_element_guard_skips(rule, scheduled, clip,
+                                                                     grads):
     """Soundness of ``preserves_finite``: from the same state, a step that checking
     every update element would skip is never applied on the strength of the scalars.
     (Adam's bound, once only required finite in float64, failed this from rates
     of about 1e13.)"""
-    table = {"transforms": ([] if clip is None else [
-        {"kind": "clip_by_global_norm", "clip_norm": clip}]) + [rule]}
+    table: dict = {}
+    if scheduled:  # the same rate from a schedule: each step's own bound is checked
+        rate = rule["learning_rate"]
+        table["schedules"] = {"lr": {"kind": "linear", "start": rate, "end": rate,
+                                     "steps": 10}}
+        rule = {**rule, "learning_rate": "@lr"}
+    table["transforms"] = ([] if clip is None else [
+        {"kind": "clip_by_global_norm", "clip_norm": clip}]) + [rule]
     if gradpipe.build(table)._guard != "scalars":
         return  # not proved by scalars: nothing to compare
     runs = []
