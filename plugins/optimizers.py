@@ -233,12 +233,12 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
         return weight_decay is not None and not any(
             re.search(p, variable_path(var)) for p in exclude)
 
-    def step_size(count: Any) -> Any:
+    def step_size(count: Any, b1: Any, b2: Any) -> Any:
         """Keras's ``alpha``: the rate with both bias corrections, at step ``count``."""
         import tensorflow as tf
 
         step = tf.cast(count, tf.float32)
-        return lr() * tf.sqrt(1 - tf.pow(beta_2(), step)) / (1 - tf.pow(beta_1(), step))
+        return lr() * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
 
     def init(variables: list[Any]) -> AdamState:
         import tensorflow as tf
@@ -249,10 +249,10 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
     def update(grads: list[Any], state: AdamState, variables: list[Any]) -> Any:
         import tensorflow as tf
 
+        b1, b2 = beta_1(), beta_2()  # once: a scheduled beta is evaluated per call
         count = state.count + 1
-        alpha32 = step_size(count)
+        alpha32 = step_size(count, b1, b2)
         count = select_applied(count, state.count)
-        b1, b2 = beta_1(), beta_2()
         if cfg.epsilon > 0:  # what makes every update finite (see preserves_finite)
             # the bound in float64, compared with float32's maximum: NaN/Inf fail too
             bound = tf.cast(alpha32, tf.float64) * (_LARGEST_ELEMENT / cfg.epsilon)
@@ -298,7 +298,7 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
         import tensorflow as tf
 
         count = slots.count.assign_add(1)
-        alpha32 = step_size(count)
+        alpha32 = step_size(count, beta_1(), beta_2())
         ops = [count]
         for i, (g, var) in enumerate(zip(grads, variables)):
             if g is None:
