@@ -27,6 +27,12 @@ _FLOAT32_BOUND = 3.4e38
 # the largest Adam step size a schedule is assumed to reach (lr 1, beta_1 0.999)
 _SCHEDULED_ALPHA_BOUND = 1e3
 
+
+def _is_number(value: Any) -> bool:
+    """A constant hyperparameter (not a schedule); TOML integers stay ints in Python."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 # -- SGD ---------------------------------------------------------------------
 
 
@@ -162,25 +168,30 @@ class AdamConfig:
         |m| stays below the largest input element (2**64), so the step
         ``alpha * |m| / (sqrt(v) + epsilon)`` stays below ``alpha * 2**64 /
         epsilon``: finite while that is below the float32 maximum (0/0 for
-        epsilon = 0). Every step requires this of its own ``alpha``, so a step
-        is skipped rather than let an infinite update through. So that no step
-        is skipped for the bound alone, the bound must hold for the largest
-        ``alpha`` the config allows: ``lr / (1 - beta_1)`` for a constant rate
-        and beta_1, and 1,000 (a rate of 1 with beta_1 = 0.999) for a scheduled
-        one. Otherwise (a rate above about 9e10, or epsilon below about 5e-17)
-        every update element is checked instead."""
+        epsilon = 0). The bound must hold for the largest ``alpha`` the config
+        allows: ``lr / (1 - beta_1)`` for a constant rate and beta_1, proved
+        here once for every step, and 1,000 (a rate of 1 with beta_1 = 0.999)
+        for a scheduled one, where every step also requires the bound of its
+        own ``alpha`` (a step beyond it is skipped, never applied). Otherwise
+        (a rate above about 9e10, or epsilon below about 5e-17) every update
+        element is checked instead."""
         if self.epsilon <= 0:
             return False
-        lr, b1 = self.learning_rate, self.beta_1
-        if isinstance(lr, float) and isinstance(b1, float):
-            # 1 - beta_1 as float32 rounds it, and a factor 2 for alpha's own rounding
-            one_minus_b1 = 1.0 - struct.unpack("f", struct.pack("f", b1))[0]
-            if one_minus_b1 <= 0:
-                return False
-            largest_alpha = 2 * lr / one_minus_b1
-        else:
+        largest_alpha = self.constant_step_size_bound
+        if largest_alpha is None:
             largest_alpha = _SCHEDULED_ALPHA_BOUND
         return largest_alpha * _LARGEST_ELEMENT / self.epsilon < _FLOAT32_BOUND
+
+    @property
+    def constant_step_size_bound(self) -> float | None:
+        """An upper bound of every step's ``alpha`` for a constant rate and beta_1:
+        ``2 * lr / (1 - float32(beta_1))`` (``None`` if either is scheduled). The
+        factor 2 covers alpha's float32 rounding."""
+        lr, b1 = self.learning_rate, self.beta_1
+        if not (_is_number(lr) and _is_number(b1)):
+            return None
+        one_minus_b1 = 1.0 - struct.unpack("f", struct.pack("f", b1))[0]
+        return 2 * lr / one_minus_b1 if one_minus_b1 > 0 else float("inf")
 
 
 class AdamState(NamedTuple):
@@ -228,6 +239,9 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
 
     lr, beta_1, beta_2 = hyper(cfg.learning_rate), hyper(cfg.beta_1), hyper(cfg.beta_2)
     exclude = getattr(cfg, "exclude_from_weight_decay", ())
+    # preserves_finite proved the step-size bound for every step of a constant rate and
+    # beta_1 (alpha <= lr / (1 - beta_1)): checking it again each step would be dead work
+    bound_always_holds = cfg.constant_step_size_bound is not None and cfg.preserves_finite
 
     def decays(var: Any) -> bool:
         return weight_decay is not None and not any(
@@ -254,10 +268,13 @@ def _adam(cfg: Any, weight_decay: Any) -> Transform:
         alpha32 = step_size(count, b1, b2)
         count = select_applied(count, state.count)
         if cfg.epsilon > 0:  # what makes every update finite (see preserves_finite)
-            # the bound in float64, compared with float32's maximum: NaN/Inf fail too
-            bound = tf.cast(alpha32, tf.float64) * (_LARGEST_ELEMENT / cfg.epsilon)
-            require_finite(squared_norm(grads), bound < _FLOAT32_BOUND,
-                           (b1 >= 0) & (b1 < 1) & (b2 >= 0) & (b2 < 1))  # scheduled betas
+            require_finite(squared_norm(grads))
+            if not bound_always_holds:
+                # the bound in float64, compared with float32's maximum: NaN/Inf fail too
+                bound = tf.cast(alpha32, tf.float64) * (_LARGEST_ELEMENT / cfg.epsilon)
+                require_finite(bound < _FLOAT32_BOUND)
+            if beta_1.constant is None or beta_2.constant is None:  # validated if constant
+                require_finite((b1 >= 0) & (b1 < 1) & (b2 >= 0) & (b2 < 1))
         updates, mus, nus = [], [], []
         maxes = list(state.nu_max)
         for i, (g, m, v) in enumerate(zip(grads, state.mu, state.nu)):

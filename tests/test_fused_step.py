@@ -281,6 +281,31 @@ def test_plain_scalar_guard_decides_before_the_chain_runs(size):
     assert max(sized_operands) == 1, sized_operands
 
 
+@pytest.mark.parametrize("rule", [{"kind": "adam", "learning_rate": 0.05},
+                                  {"kind": "sgd", "learning_rate": 0.1, "momentum": 0.9}])
+def test_the_in_place_scalar_guard_costs_no_read_of_the_state(rule):
+    """At a constant rate, the rule's required scalars are the norm the step has
+    already, or proved by its config: the guard adds no read of a slot or variable
+    (the trace that found them is not in the step) and no step-size computation."""
+    def ops(check_updates: bool) -> dict[str, int]:
+        variables = [tf.Variable(x) for x in INIT]
+        pipe = gradpipe.build(_with({"transforms": [
+            {"kind": "clip_by_global_norm", "clip_norm": 1.0}, rule]},
+            jit_compile=False, check_updates=check_updates))
+        pipe.build(variables)
+        assert pipe._can_apply_in_place([tf.constant(x) for x in INIT])
+        step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+        concrete = step.get_concrete_function([tf.TensorSpec(x.shape) for x in INIT])
+        counts: dict[str, int] = {}
+        for op in _step_ops(concrete):
+            counts[op.type] = counts.get(op.type, 0) + 1
+        return counts
+
+    guarded, unguarded = ops(True), ops(False)
+    for op_type in ("ReadVariableOp", "Pow", "Sqrt", "RealDiv"):
+        assert guarded.get(op_type) == unguarded.get(op_type), op_type
+
+
 def test_an_unguarded_chain_still_checks_every_update():
     pipe = gradpipe.build({"transforms": [{"kind": "lars", "learning_rate": 0.1}],
                            "pipeline": {"jit_compile": False}})

@@ -182,6 +182,52 @@ def test_a_failure_inside_apply_gradients_changes_no_variable(guard):
         assert all(np.all(v.numpy() == 0) for v in pipe.transform_state("adam").values())
 
 
+def test_an_in_place_rule_whose_requirement_reads_its_state_is_still_checked():
+    """The in-place path first traces the last rule's ``update`` in a scratch function
+    and keeps none of it where every scalar it requires is known already. This rule
+    requires its step count below 3, a scalar only its state gives: the step must
+    check it, so the fourth step is skipped and its state and weights kept."""
+    from typing import NamedTuple
+
+    import attrs
+
+    from gradpipe.transform import require_finite
+
+    class Count(NamedTuple):
+        count: object
+
+    def factory(cfg):
+        def init(variables):
+            return Count(tf.constant(0.0))
+
+        def update(grads, state, variables):
+            require_finite(state.count < 3.0)
+            return [g * 0.5 for g in grads], Count(state.count + 1)
+
+        def apply(grads, slots, variables):
+            return [slots.count.assign_add(1.0),
+                    *(v.assign_sub(g * 0.5) for g, v in zip(grads, variables))]
+
+        return gradpipe.Transform(init, update, apply)
+
+    @attrs.frozen(kw_only=True)
+    class Capped:
+        preserves_finite = True
+
+    _in_process_plugin("capped_in_place", factory, Capped)
+    var = tf.Variable([8.0])
+    pipe = gradpipe.build({"transforms": [{"kind": "capped_in_place"}],
+                           "pipeline": {"jit_compile": False}})
+    pipe.build([var])
+    assert pipe._guard == "scalars" and pipe._can_apply_in_place([tf.constant([1.0])])
+    step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
+    applied = [bool(step(tf.constant([2.0]))) for _ in range(5)]
+    assert applied == [True, True, True, False, False]
+    assert var.numpy()[0] == 5.0
+    assert pipe.transform_state(0)["count"].numpy() == 3.0
+    assert int(pipe.iterations.numpy()) == 3
+
+
 def test_soak_mirrored_5000_steps():
     """mlp_classifier, 2 logical CPUs, NaN/Inf bursts, huge and zero gradients."""
     pipe = gradpipe.build({
