@@ -131,9 +131,12 @@ def optimizer_class() -> Any:
             # Keras losses already divide by the number of replicas
             # (scale_loss_for_distribution): only the loss scale is missing, and
             # for reduction = "sum" the factor Keras divided by.
-            factor = self.pipeline.loss_scale
             placement = self.pipeline.placement
-            if placement is not None and placement.reduction == "sum":
+            summed = placement is not None and placement.reduction == "sum"
+            if self.pipeline.loss_scaler is None and not summed:
+                return loss  # a factor of 1 would add a multiplication forward and back
+            factor = self.pipeline.loss_scale
+            if summed:
                 factor = factor * float(self.pipeline.strategy.num_replicas_in_sync)
             return loss * tf.cast(factor, loss.dtype)
 

@@ -177,8 +177,10 @@ class Pipeline(StepEngine, tf.Module):
     def scale_loss(self, loss: Any) -> tf.Tensor:
         """Multiply ``loss`` by the loss scale (and 1/N for ``reduction = mean``)."""
         loss = tf.convert_to_tensor(loss)
-        factor = self.loss_scale
         divisor = self.placement.loss_divisor if self.placement else 1
+        if self.loss_scaler is None and divisor == 1:
+            return loss  # a factor of 1 would add a multiplication forward and back
+        factor = self.loss_scale
         if divisor != 1:
             factor = factor / float(divisor)
         return loss * tf.cast(factor, loss.dtype)

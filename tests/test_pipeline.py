@@ -193,6 +193,16 @@ def test_fixed_loss_scale_unscales():
     assert_close(scaled, plain, rtol=1e-6, atol=1e-6)
 
 
+def test_without_a_loss_scaler_scale_loss_adds_no_op():
+    """No scaler and no replicas to divide by: the loss itself, in a custom loop and
+    through the Keras optimizer (a factor of 1 would be a multiplication each way)."""
+    pipe = gradpipe.build({"transforms": [{"kind": "sgd"}]})
+    loss = tf.constant(2.5)
+    assert pipe.scale_loss(loss) is loss
+    assert pipe.keras_optimizer().scale_loss(loss) is loss
+    assert float(pipe.scale_loss(2.5)) == 2.5
+
+
 def test_fixed_loss_scale_reference_error():
     with pytest.raises(gradpipe.ConfigError, match=r"loss_scale_value must be at least 1\."):
         gradpipe.build({"loss_scale": {"kind": "fixed", "loss_scale_value": 0.5},
