@@ -381,12 +381,14 @@ class StepEngine:
             return required()
         saved = {k: v.copy() if isinstance(v, (dict, list)) else v for k, v in shared.items()}
         probed: list[Any] = []
-        scratch = tf.function(lambda: probed.extend(required()),
-                              autograph=False).get_concrete_function().graph
-        shared.clear()
-        shared.update(saved)  # the probe recorded nothing the step may reuse
-        if all(_known_true(r) for r in probed if getattr(r, "graph", None) is scratch):
-            return [r for r in probed if getattr(r, "graph", None) is not scratch]
+        try:
+            scratch = tf.function(lambda: probed.extend(required()),
+                                  autograph=False).get_concrete_function().graph
+        finally:  # the probe recorded nothing the step may reuse
+            shared.clear()
+            shared.update(saved)
+        if all(_known_true(r) for r in probed if _made_in(r, scratch)):
+            return [r for r in probed if not _made_in(r, scratch)]
         return required()
 
     def _commit(self, grads: list[Any], updates: list[Any], new_states: list[Any],
@@ -461,6 +463,17 @@ class StepEngine:
         """Count a skip, unless non-finite gradients were counted already (``_step``)."""
         self._skipped.assign_add(1 if finite is None else tf.cast(finite, tf.int64))
         return tf.constant(False)
+
+
+def _made_in(value: Any, graph: Any) -> bool:
+    """Whether ``value`` is a tensor of ``graph`` or of a graph nested in it (a
+    conditional's branch): a value the step cannot use."""
+    inner = getattr(value, "graph", None)  # None for Python and eager values
+    while inner is not None:
+        if inner is graph:
+            return True
+        inner = getattr(inner, "outer_graph", None)
+    return False
 
 
 def _known_true(value: Any) -> bool:
