@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -34,6 +35,30 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
     """Median over rounds of one case's time over another's in the same round: the
     machine's drift between rounds cancels, which a ratio of medians keeps."""
     return statistics.median(n / d for n, d in zip(numerator, denominator))
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free confidence interval for the median of ``values``: the order
+    statistics ``k`` and ``n + 1 - k`` (1-based), ``k`` the largest rank for which
+    ``P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2``. Whether a ratio of about 1
+    is a lead or noise is then visible from one run. ``None`` below 6 values at 95%."""
+    n = len(values)
+    tail, k = 0.0, 0
+    while True:
+        tail += math.comb(n, k) / 2**n  # P(Binomial(n, 1/2) <= k)
+        if tail > (1 - confidence) / 2:
+            break
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[k - 1], ordered[n - k]
+
+
+def paired_ratio_interval(numerator: list[float], denominator: list[float]) -> str:
+    """``paired_ratio``'s 95% interval, as text for a table."""
+    interval = median_interval([n / d for n, d in zip(numerator, denominator)])
+    return "n/a" if interval is None else f"{interval[0]:.3f} to {interval[1]:.3f}"
 
 
 def table(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:

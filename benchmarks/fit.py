@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from _common import interleaved_samples, medians, paired_ratio, table
+from _common import interleaved_samples, medians, paired_ratio, paired_ratio_interval, table
 
 import gradpipe
 
@@ -52,8 +52,9 @@ def main() -> None:
     ours, native = "gradpipe keras_optimizer()", "keras Adam(global_clipnorm=1)"
     print(table("ratio (lower is faster)", [(
         "gradpipe / keras", f"{times[ours] / times[native]:.3f}",
-        f"{paired_ratio(samples[ours], samples[native]):.3f}")],
-        ("ratio", "of the medians", "median of the rounds' ratios")))
+        f"{paired_ratio(samples[ours], samples[native]):.3f}",
+        paired_ratio_interval(samples[ours], samples[native]))],
+        ("ratio", "of the medians", "median of the rounds' ratios", "its 95% interval")))
 
 
 if __name__ == "__main__":

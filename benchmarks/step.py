@@ -36,7 +36,7 @@ import argparse
 import sys
 
 import numpy as np
-from _common import interleaved_samples, medians, paired_ratio, table
+from _common import interleaved_samples, medians, paired_ratio, paired_ratio_interval, table
 
 import gradpipe
 from gradpipe.transform import sum_of_squares
@@ -152,10 +152,11 @@ def main() -> None:
              ("e", "d"), ("a", "d*"), ("a", "e*"), ("a+", "d*"), ("e*", "d*"), ("d*", "d"),
              ("a'", "b"), ("a'", "c"), ("a'", "d")]
     ratios = [(f"{x}/{y}", f"{times[labels[x]] / times[labels[y]]:.3f}",
-               f"{paired_ratio(samples[labels[x]], samples[labels[y]]):.3f}")
+               f"{paired_ratio(samples[labels[x]], samples[labels[y]]):.3f}",
+               paired_ratio_interval(samples[labels[x]], samples[labels[y]]))
               for x, y in pairs if labels[x] in times and labels[y] in times]
     print(table("ratios (lower is faster)", ratios,
-                ("ratio", "of the medians", "median of the rounds' ratios")))
+                ("ratio", "of the medians", "median of the rounds' ratios", "its 95% interval")))
 
 
 if __name__ == "__main__":
