@@ -43,13 +43,19 @@ class ScheduleRef:
         return f"@{self.name}"
 
 
+def is_constant(value: Any) -> bool:
+    """Whether a ``hyperparameter()`` field holds a plain number, not a schedule
+    (TOML integers stay ints)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _skip_schedules(validator: Callable[..., Any] | None) -> Callable[..., Any] | None:
     """Range checks apply to plain numbers; a schedule is checked on its own."""
     if validator is None:
         return None
 
     def check(inst: Any, attribute: Any, value: Any) -> None:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if is_constant(value):
             validator(inst, attribute, value)
 
     return check

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from .fields import ScheduleRef
+from .fields import ScheduleRef, is_constant
 
 
 class Transform(NamedTuple):
@@ -121,7 +121,7 @@ def hyper(value: Any) -> Callable[[], Any]:
     """
     import tensorflow as tf
 
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if is_constant(value):
         constant = float(value)
 
         def fixed() -> Any:
@@ -160,7 +160,7 @@ def schedule(value: Any) -> Callable[[Any], Any]:
     Schedule factories use it to build the schedules they wrap (``warmup``,
     ``sequence``). A plain number becomes a constant schedule.
     """
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if is_constant(value):
         constant = float(value)
 
         def fixed(step: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, NamedTuple
 import attrs
 
 from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, one_minus
-from gradpipe.fields import in_range, non_negative
+from gradpipe.fields import in_range, is_constant, non_negative
 from gradpipe.plugins._tensor import dense as _dense
 from gradpipe.plugins._tensor import value_of
 from gradpipe.plugins._tensor import zeros_like_vars as _zeros
@@ -26,11 +26,6 @@ _LARGEST_ELEMENT = 2.0**64
 _FLOAT32_BOUND = 3.4e38
 # the largest Adam step size a schedule is assumed to reach (lr 1, beta_1 0.999)
 _SCHEDULED_ALPHA_BOUND = 1e3
-
-
-def _is_number(value: Any) -> bool:
-    """A constant hyperparameter (not a schedule); TOML integers stay ints in Python."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # -- SGD ---------------------------------------------------------------------
@@ -188,7 +183,7 @@ class AdamConfig:
         ``2 * lr / (1 - float32(beta_1))`` (``None`` if either is scheduled). The
         factor 2 covers alpha's float32 rounding."""
         lr, b1 = self.learning_rate, self.beta_1
-        if not (_is_number(lr) and _is_number(b1)):
+        if not (is_constant(lr) and is_constant(b1)):
             return None
         one_minus_b1 = 1.0 - struct.unpack("f", struct.pack("f", b1))[0]
         return 2 * lr / one_minus_b1 if one_minus_b1 > 0 else float("inf")
