@@ -236,12 +236,13 @@ def _step_ops(concrete) -> list:
     return ops
 
 
-def _parameter_sized_ops(concrete, size: int) -> dict[str, int]:
-    """Op type -> count of ops that read or write a float tensor of ``size`` elements."""
+def _op_counts(concrete, size: int | None = None) -> dict[str, int]:
+    """Op type -> count of the step's live ops (with ``size``: only those that read
+    or write a float tensor of ``size`` elements)."""
     counts: dict[str, int] = {}
     for op in _step_ops(concrete):
-        if any(t.dtype.is_floating and t.shape.num_elements() == size
-               for t in (*op.inputs, *op.outputs)):
+        if size is None or any(t.dtype.is_floating and t.shape.num_elements() == size
+                               for t in (*op.inputs, *op.outputs)):
             counts[op.type] = counts.get(op.type, 0) + 1
     return counts
 
@@ -255,7 +256,7 @@ def test_one_pass_serves_the_finite_check_the_scaler_and_the_norm():
     var = tf.Variable(tf.zeros([1000]))
     step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
     concrete = step.get_concrete_function(tf.TensorSpec([1000], tf.float32))
-    counts = _parameter_sized_ops(concrete, 1000)
+    counts = _op_counts(concrete, 1000)
     # The engine's fallback check and nothing else: neither the scaler nor the update
     # guard reads every element again.
     assert counts.get("IsFinite") == 1, counts
@@ -295,11 +296,7 @@ def test_the_in_place_scalar_guard_costs_no_read_of_the_state(rule):
         pipe.build(variables)
         assert pipe._can_apply_in_place([tf.constant(x) for x in INIT])
         step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
-        concrete = step.get_concrete_function([tf.TensorSpec(x.shape) for x in INIT])
-        counts: dict[str, int] = {}
-        for op in _step_ops(concrete):
-            counts[op.type] = counts.get(op.type, 0) + 1
-        return counts
+        return _op_counts(step.get_concrete_function([tf.TensorSpec(x.shape) for x in INIT]))
 
     guarded, unguarded = ops(True), ops(False)
     for op_type in ("ReadVariableOp", "Pow", "Sqrt", "RealDiv"):
@@ -312,7 +309,7 @@ def test_an_unguarded_chain_still_checks_every_update():
     assert pipe._guard == "updates"
     var = tf.Variable(tf.ones([1000]))
     step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
-    counts = _parameter_sized_ops(step.get_concrete_function(
+    counts = _op_counts(step.get_concrete_function(
         tf.TensorSpec([1000], tf.float32)), 1000)
     assert counts.get("IsFinite") == 2, counts  # the gradient fallback and the updates
 
