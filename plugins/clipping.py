@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import attrs
 
 from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, no_state, shared
-from gradpipe.fields import FieldError, positive
+from gradpipe.fields import FieldError, is_constant, positive
 from gradpipe.plugins._tensor import is_sparse
 from gradpipe.plugins._tensor import map_values as _map_values
 from gradpipe.transform import dedupe, record_squared_norm, require_finite, squared_norm
@@ -49,16 +49,22 @@ def clip_by_global_norm(cfg: ClipGlobalNormConfig) -> Transform:
     """Rescale all gradients together so their joint L2 norm is at most ``clip_norm``."""
     clip = hyper(cfg.clip_norm)
     shared_values = shared()
+    # Keras and OpenSeq2Seq compute the factor in float32: so does a constant clip_norm
+    # whose reciprocal is a normal float32, bit for bit (unclipped, the factor is then
+    # 1 + 2**-23 for some c, as there). Beyond 2**126, 1/c is denormal in float32 and the
+    # factor would drift away from 1, so larger and scheduled values use float64.
+    keras_float32 = is_constant(cfg.clip_norm) and cfg.clip_norm < 2.0**126
 
     def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
         import tensorflow as tf
 
         norm = tf.sqrt(squared_norm(grads))  # no extra pass: the engine's finite check
         shared_values["global_norm"] = norm
-        # The reference formula, on float64 scalars: in float32, 1/c is denormal for
-        # c near the float maximum and the factor would drift away from 1.
-        c, n = tf.cast(clip(), tf.float64), tf.cast(norm, tf.float64)
-        factor = tf.cast(c * tf.minimum(1.0 / n, 1.0 / c), tf.float32)
+        if keras_float32:
+            factor = cfg.clip_norm * tf.minimum(1.0 / norm, 1.0 / cfg.clip_norm)
+        else:
+            c, n = tf.cast(clip(), tf.float64), tf.cast(norm, tf.float64)
+            factor = tf.cast(c * tf.minimum(1.0 / n, 1.0 / c), tf.float32)
         require_finite(factor)
         clipped = map_grads(lambda g: _map_values(g, lambda x: x * tf.cast(factor, x.dtype)),
                             grads)

@@ -271,3 +271,24 @@ def test_invalid_values_name_the_key(table, key):
     with pytest.raises(ConfigError) as info:
         gradpipe.parse({"transforms": [table, {"kind": "sgd"}]})
     assert info.value.path == f"transforms[0].{key}"
+
+
+@pytest.mark.parametrize(("clip_norm", "grad_scale"), [(0.5, 1.0), (1.7, 0.1), (1.0, 0.1)],
+                         ids=["clipped", "unclipped-factor-above-1", "unclipped"])
+def test_global_norm_clipping_is_keras_bit_for_bit(clip_norm, grad_scale):
+    """Keras (and OpenSeq2Seq) compute ``c * min(1/norm, 1/c)`` in float32, and so
+    does gradpipe: the clipped gradients equal Keras's exactly (rtol 0, atol 0).
+    Unclipped at c = 1.7 that factor is 1 + 2**-23, in Keras too."""
+    assert np.float32(1.7) * np.float32(1 / 1.7) == np.float32(1 + 2**-23)
+    grads = [tf.constant(g * grad_scale) for g in DENSE[0]]
+    # from zeros, the variables end as minus the clipped gradients, with no rounding
+    keras_vars = [tf.Variable(tf.zeros(s)) for s in SHAPES]
+    keras.optimizers.SGD(1.0, global_clipnorm=clip_norm).apply_gradients(
+        zip(grads, keras_vars))
+    ours = [tf.Variable(tf.zeros(s)) for s in SHAPES]
+    pipe = gradpipe.build({"transforms": [
+        {"kind": "clip_by_global_norm", "clip_norm": clip_norm},
+        {"kind": "sgd", "learning_rate": 1.0}]})
+    tf.function(lambda: pipe.apply_gradients(zip(grads, ours)))()
+    for mine, theirs in zip(ours, keras_vars):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
