@@ -154,7 +154,8 @@ class StepEngine:
                                    if self._scaler_takes_finite
                                    else self.loss_scaler.update(grads))
                 finite = tf.logical_and(finite, tf.cast(should_apply, tf.bool))
-            self._skipped.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+            # A skip is counted where it is decided (_reject): a step that applies
+            # writes no counter but the iterations.
             k = self._spec.options.accumulation_steps
             if k > 1:
                 applied = self._accumulate(grads, finite, k)
@@ -163,8 +164,7 @@ class StepEngine:
             elif self._guard != "updates":
                 applied = self._decide_then_update(grads, unscaled, finite)
             else:
-                applied = tf.cond(finite, lambda: self._update(grads),
-                                  lambda: tf.constant(False))
+                applied = tf.cond(finite, lambda: self._update(grads), self._reject)
             with tf.control_dependencies([applied]):
                 if not self._compiling:  # XLA cannot compile summary ops
                     write_step_summaries(self)
@@ -187,7 +187,7 @@ class StepEngine:
         if self._guard == "scalars":
             ok = tf.logical_and(ok, self._required_finite(grads))
         if self._compiling and self._chain_is_predicated():
-            return self._predicated_update(grads, unscaled, finite, ok)
+            return self._predicated_update(grads, unscaled, ok)
 
         def commit() -> tf.Tensor:
             sequence = self._unscale_again(grads, unscaled)
@@ -195,7 +195,7 @@ class StepEngine:
             return self._commit(fresh, *self._run_chain(fresh, skip=self._pre_reduce),
                                 sequence=sequence)
 
-        return tf.cond(ok, commit, lambda: self._reject(finite))
+        return tf.cond(ok, commit, self._reject)
 
     def _chain_is_predicated(self) -> bool:
         """Every transform with state routes it through ``select_applied``."""
@@ -205,8 +205,7 @@ class StepEngine:
                                                               store.layout_items()))
                    if i not in self._pre_reduce)
 
-    def _predicated_update(self, grads: list[Any], unscaled: Any, finite: tf.Tensor,
-                           ok: tf.Tensor) -> tf.Tensor:
+    def _predicated_update(self, grads: list[Any], unscaled: Any, ok: tf.Tensor) -> tf.Tensor:
         """The chain and the assignments without a conditional: the transforms keep
         their state where ``ok`` is false (``select_applied``) and the updates are
         dropped there. No conditional means no copy of its operands or results, and
@@ -224,8 +223,7 @@ class StepEngine:
         ops = self._assign(new_states, updates, applies=ok, sequence=sequence)
         with tf.control_dependencies(ops):
             self._iterations.assign_add(tf.cast(ok, tf.int64))
-            # non-finite gradients are counted by _step already
-            self._skipped.assign_add(tf.cast(finite & ~ok, tf.int64))
+            self._skipped.assign_add(tf.cast(~ok, tf.int64))
         with tf.control_dependencies(ops + [self._iterations.read_value()]):
             return tf.identity(ok)
 
@@ -259,7 +257,7 @@ class StepEngine:
             store.accumulate(grads)
             return tf.equal(micro % k, 0)
 
-        complete = tf.cond(finite, add, lambda: tf.constant(False))
+        complete = tf.cond(finite, add, self._reject)
 
         def apply() -> tf.Tensor:
             mean = store.accumulated(k, like=grads)
@@ -313,7 +311,7 @@ class StepEngine:
         if not checks:
             return self._commit(grads, updates, new_states)
         return tf.cond(all_finite(checks), lambda: self._commit(grads, updates, new_states),
-                       lambda: self._reject(finite))
+                       self._reject)
 
     def _can_apply_in_place(self, grads: list[Any]) -> bool:
         """Whether the last transform may update its variables and state in place.
@@ -355,7 +353,7 @@ class StepEngine:
             with tf.control_dependencies([self._iterations.read_value()]):
                 return tf.constant(True)
 
-        return tf.cond(all_finite(checks), commit, lambda: self._reject(finite))
+        return tf.cond(all_finite(checks), commit, self._reject)
 
     def _required_by_last(self, inputs: list[Any]) -> list[Any]:
         """The scalars the last transform requires finite, for the in-place path.
@@ -459,9 +457,9 @@ class StepEngine:
 
         return tf.cond(applied, subtract, lambda: tf.constant(False))
 
-    def _reject(self, finite: tf.Tensor | None = None) -> tf.Tensor:
-        """Count a skip, unless non-finite gradients were counted already (``_step``)."""
-        self._skipped.assign_add(1 if finite is None else tf.cast(finite, tf.int64))
+    def _reject(self) -> tf.Tensor:
+        """Count a skipped step (or micro-step): the one counter a skip writes."""
+        self._skipped.assign_add(1)
         return tf.constant(False)
 
 

@@ -303,6 +303,34 @@ def test_the_in_place_scalar_guard_costs_no_read_of_the_state(rule):
         assert guarded.get(op_type) == unguarded.get(op_type), op_type
 
 
+@pytest.mark.parametrize(("rule", "jit"), [("adam", False), ("lamb", False), ("lamb", True)],
+                         ids=["in-place", "functional", "compiled"])
+def test_a_step_writes_only_in_the_branch_that_decides(rule, jit):
+    """Without a loss scaler every write of a step, the skip counter's included, is
+    inside the conditional that decides whether it applies: a step that applies
+    writes no counter but the iterations (and a skip only the skip counter). (A
+    predicated compiled chain, adam's, has no conditional: it writes on every call,
+    the old values where it skips.)"""
+    variables = [tf.Variable(x) for x in INIT]
+    pipe = gradpipe.build(_with({"transforms": [
+        {"kind": "clip_by_global_norm", "clip_norm": 1.0},
+        {"kind": rule, "learning_rate": 0.05}]}, jit_compile=jit))
+    pipe.build(variables)
+    step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+    concrete = step.get_concrete_function([tf.TensorSpec(x.shape) for x in INIT])
+    graphs = [concrete.graph]
+    while graphs:  # the step, and the compiled function it calls
+        graph = graphs.pop()
+        for op in _live_ops(graph):
+            assert "Assign" not in op.type, op.name
+            if op.type in ("PartitionedCall", "StatefulPartitionedCall"):
+                graphs.append(graph._get_function(op.get_attr("f").name).graph)
+    skip = [np.full_like(x, np.nan) for x in INIT]
+    assert [bool(step([tf.constant(g) for g in grads])) for grads in (INIT, skip)] == [
+        True, False]
+    assert (int(pipe.iterations), int(pipe.skipped_steps)) == (1, 1)
+
+
 def test_an_unguarded_chain_still_checks_every_update():
     pipe = gradpipe.build({"transforms": [{"kind": "lars", "learning_rate": 0.1}],
                            "pipeline": {"jit_compile": False}})
