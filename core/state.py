@@ -240,12 +240,11 @@ class StateStore(tf.Module):
         leaves = self._leaf_variables[key]
         return tf.nest.pack_sequence_as(structure, [leaves[n] for n in names])
 
-    def write(self, new_states: list[Any], skip: int | None = None) -> list[Any]:
+    def write(self, new_states: dict[int, Any]) -> list[Any]:
+        """Assign the new state of each transform in ``new_states`` (index -> state)."""
         ops = []
-        for i, ((key, structure, names), state) in enumerate(zip(self._layout.items,
-                                                                 new_states)):
-            if i == skip:
-                continue
+        for i, state in new_states.items():
+            key, structure, names = self._layout.items[i]
             try:
                 tf.nest.assert_same_structure(structure, state)
             except (ValueError, TypeError) as exc:

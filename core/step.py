@@ -242,7 +242,8 @@ class StepEngine:
         """Trace the chain for the scalars its transforms ``require_finite``."""
         return all_finite(self._run_chain_for_required(grads)[2])
 
-    def _run_chain_for_required(self, grads: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    def _run_chain_for_required(
+            self, grads: list[Any]) -> tuple[list[Any], dict[int, Any], list[Any]]:
         """The chain's updates and new states, and the scalars it ``require_finite``."""
         shared = self._context.shared
         shared.pop("required_finite", None)
@@ -269,18 +270,19 @@ class StepEngine:
         return tf.cond(complete, apply, lambda: tf.constant(False))
 
     def _run_chain(self, grads: list[Any], only: set[int] | None = None,
-                   skip: set[int] | None = None) -> tuple[list[Any], list[Any]]:
-        """Run the transforms in file order; return the updates and the new states."""
+                   skip: set[int] | None = None) -> tuple[list[Any], dict[int, Any]]:
+        """Run the transforms in file order; return the updates and the new states of
+        those that ran, by index. The others' state is not read: a read is a stateful
+        op, which TF never prunes, so each would cost every step."""
         store = self._state
         variables = store.variables
         updates = list(grads)
-        new_states = []
+        new_states = {}
         for i, (spec, transform) in enumerate(zip(self._spec.transforms,
                                                   self._transforms)):
-            state = store.read(i)
             if (only is not None and i not in only) or (skip and i in skip):
-                new_states.append(state)
                 continue
+            state = store.read(i)
             mask = store.masks[i]
             masked = [u if m else None for u, m in zip(updates, mask)]
             result, state = transform.update(masked, state, variables)
@@ -289,7 +291,7 @@ class StepEngine:
                     f"transform {spec.name!r} at {spec.path} returned {len(result)} "
                     f"updates for {len(variables)} variables")
             updates = [r if m else u for r, u, m in zip(result, updates, mask)]
-            new_states.append(state)
+            new_states[i] = state
         return updates, new_states
 
     def _update(self, grads: list[Any], finite: tf.Tensor | None = None) -> tf.Tensor:
@@ -344,7 +346,7 @@ class StepEngine:
             checks += shared.pop("required_finite", []) + self._required_by_last(inputs)
 
         def commit() -> tf.Tensor:
-            ops = store.write(new_states, skip=last)
+            ops = store.write(new_states)
             with tf.control_dependencies(ops):
                 ops = ops + list(self._transforms[last].apply(
                     inputs, store.slot_variables(last), store.variables))
@@ -389,7 +391,7 @@ class StepEngine:
             return [r for r in probed if not _made_in(r, scratch)]
         return required()
 
-    def _commit(self, grads: list[Any], updates: list[Any], new_states: list[Any],
+    def _commit(self, grads: list[Any], updates: list[Any], new_states: dict[int, Any],
                 sequence: VariableSequence | None = None) -> tf.Tensor:
         """Assign the new state and subtract the updates, once all of them exist.
 
@@ -413,7 +415,7 @@ class StepEngine:
                 return tf.constant(True)
             return real_branch_marker(self._iterations)
 
-    def _assign(self, new_states: list[Any], updates: list[Any],
+    def _assign(self, new_states: dict[int, Any], updates: list[Any],
                 applies: tf.Tensor | None = None,
                 sequence: VariableSequence | None = None) -> list[Any]:
         """Write the new states, subtract the updates (dropped where ``applies`` is

@@ -17,6 +17,16 @@ from .spec import PipelineSpec
 from .transform import hyper, squared_norm
 
 
+def _may_record(pipe: Any) -> bool:
+    """Some summary is wanted and a default writer may record it. Without a writer
+    ``tf.summary`` adds no op, but the values handed to it would still be read, and
+    TF never prunes a variable read: one per step for ``iterations`` alone."""
+    if not pipe.spec.options.summaries:
+        return False
+    recording = tf.get_static_value(tf.summary.should_record_summaries())
+    return recording is None or bool(recording)
+
+
 def _scalar(tag: str, value: Any, step: Any) -> None:
     """A TensorBoard scalar via core ``tf.summary.write``: ``tf.summary.scalar`` would
     need the tensorboard package; the ``scalars`` plugin metadata is all it adds."""
@@ -42,9 +52,9 @@ def scheduled_hyperparameters(spec: PipelineSpec) -> list[tuple[str, Any]]:
 
 def write_update_summaries(pipe: Any, grads: list[Any], updates: list[Any]) -> None:
     """Summaries of an applied step: rates, norms, factors, update ratios."""
-    wanted = set(pipe.spec.options.summaries)
-    if not wanted:  # without a default writer tf.summary adds no op; unused values are pruned
+    if not _may_record(pipe):
         return
+    wanted = set(pipe.spec.options.summaries)
     step = pipe.iterations
     if "learning_rate" in wanted:
         _scalar("learning_rate", pipe.learning_rate, step=step)
@@ -77,9 +87,9 @@ def write_update_summaries(pipe: Any, grads: list[Any], updates: list[Any]) -> N
 
 def write_step_summaries(pipe: Any) -> None:
     """Summaries of every call, applied or skipped."""
-    wanted = set(pipe.spec.options.summaries)
-    if not wanted:  # without a default writer tf.summary adds no op; unused values are pruned
+    if not _may_record(pipe):
         return
+    wanted = set(pipe.spec.options.summaries)
     if "loss_scale" in wanted:
         _scalar("loss_scale", pipe.loss_scale, step=pipe.iterations)
     if "skipped_steps" in wanted:

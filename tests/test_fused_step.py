@@ -287,7 +287,10 @@ def test_plain_scalar_guard_decides_before_the_chain_runs(size):
 def test_the_in_place_scalar_guard_costs_no_read_of_the_state(rule):
     """At a constant rate, the rule's required scalars are the norm the step has
     already, or proved by its config: the guard adds no read of a slot or variable
-    (the trace that found them is not in the step) and no step-size computation."""
+    (the trace that found them is not in the step) and no step-size computation.
+    Nothing outside the conditional reads a variable, guarded or not: not the rule's
+    state (which the chain before it does not need), nor ``iterations`` for
+    summaries no writer records (TF never prunes a read)."""
     def ops(check_updates: bool) -> dict[str, int]:
         variables = [tf.Variable(x) for x in INIT]
         pipe = gradpipe.build(_with({"transforms": [
@@ -296,7 +299,10 @@ def test_the_in_place_scalar_guard_costs_no_read_of_the_state(rule):
         pipe.build(variables)
         assert pipe._can_apply_in_place([tf.constant(x) for x in INIT])
         step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
-        return _op_counts(step.get_concrete_function([tf.TensorSpec(x.shape) for x in INIT]))
+        concrete = step.get_concrete_function([tf.TensorSpec(x.shape) for x in INIT])
+        assert [op.name for op in _live_ops(concrete.graph)
+                if op.type == "ReadVariableOp"] == []
+        return _op_counts(concrete)
 
     guarded, unguarded = ops(True), ops(False)
     for op_type in ("ReadVariableOp", "Pow", "Sqrt", "RealDiv"):
