@@ -49,10 +49,12 @@ def clip_by_global_norm(cfg: ClipGlobalNormConfig) -> Transform:
     """Rescale all gradients together so their joint L2 norm is at most ``clip_norm``."""
     clip = hyper(cfg.clip_norm)
     shared_values = shared()
-    # Keras and OpenSeq2Seq compute the factor in float32: so does a constant clip_norm
-    # whose reciprocal is a normal float32, bit for bit (unclipped, the factor is then
-    # 1 + 2**-23 for some c, as there). Beyond 2**126, 1/c is denormal in float32 and the
-    # factor would drift away from 1, so larger and scheduled values use float64.
+    # Keras computes the factor in float32, with 1/c rounded from float64: so does a
+    # constant clip_norm whose reciprocal is a normal float32, bit for bit (unclipped,
+    # the factor is then 1 + 2**-23 for some c, as in Keras; OpenSeq2Seq's
+    # tf.clip_by_global_norm divides 1 by float32(c) and gets 1 - 2**-24 for c = 1.7).
+    # Beyond 2**126, 1/c is denormal in float32 and the factor would drift away from 1,
+    # so larger and scheduled values use float64.
     keras_float32 = is_constant(cfg.clip_norm) and cfg.clip_norm < 2.0**126
 
     def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
