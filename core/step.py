@@ -24,7 +24,7 @@ from .step_ops import (
     subtract_update,
     unscale,
 )
-from .summaries import write_step_summaries, write_update_summaries
+from .summaries import write_step_summaries, write_update_summaries, writer_may_record
 from .transform import _accelerator_visible, build_scope, record_squared_norm, squared_norm
 
 # "auto" compiles where XLA pays (docs/performance.md, measured on 2 cores): XLA
@@ -99,11 +99,10 @@ class StepEngine:
         """One device, dense gradients, no summary writer: where the step may be fused
         (XLA, in-place kernels). A strategy's replicas, sparse updates and summary
         ops keep the plain path."""
-        recording = tf.get_static_value(tf.summary.should_record_summaries())
         return (not tf.distribute.has_strategy()
                 and (self.placement is None or self.strategy.num_replicas_in_sync == 1)
                 and not any(isinstance(g, tf.IndexedSlices) for g in grads)
-                and recording is not None and not recording)
+                and not writer_may_record())
 
     def _update_guard(self) -> str:
         """How a step proves its updates finite before assigning them.
@@ -154,8 +153,9 @@ class StepEngine:
                                    if self._scaler_takes_finite
                                    else self.loss_scaler.update(grads))
                 finite = tf.logical_and(finite, tf.cast(should_apply, tf.bool))
-            # A skip is counted where it is decided (_reject): a step that applies
-            # writes no counter but the iterations.
+            # A skip is counted where it is decided (_reject; the predicated compiled
+            # step adds cast(~ok)): a step with a conditional that applies writes no
+            # counter but the iterations.
             k = self._spec.options.accumulation_steps
             if k > 1:
                 applied = self._accumulate(grads, finite, k)

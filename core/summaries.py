@@ -17,14 +17,18 @@ from .spec import PipelineSpec
 from .transform import hyper, squared_norm
 
 
+def writer_may_record() -> bool:
+    """Whether a default ``tf.summary`` writer is set that may record at this trace
+    (``False`` only where TensorFlow knows statically that nothing is recorded)."""
+    recording = tf.get_static_value(tf.summary.should_record_summaries())
+    return recording is None or bool(recording)
+
+
 def _may_record(pipe: Any) -> bool:
     """Some summary is wanted and a default writer may record it. Without a writer
     ``tf.summary`` adds no op, but the values handed to it would still be read, and
     TF never prunes a variable read: one per step for ``iterations`` alone."""
-    if not pipe.spec.options.summaries:
-        return False
-    recording = tf.get_static_value(tf.summary.should_record_summaries())
-    return recording is None or bool(recording)
+    return bool(pipe.spec.options.summaries) and writer_may_record()
 
 
 def _scalar(tag: str, value: Any, step: Any) -> None:

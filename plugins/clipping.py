@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import attrs
 
 from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, no_state, shared
-from gradpipe.fields import FieldError, is_constant, positive
+from gradpipe.fields import FieldError, positive
 from gradpipe.plugins._tensor import is_sparse
 from gradpipe.plugins._tensor import map_values as _map_values
 from gradpipe.transform import dedupe, record_squared_norm, require_finite, squared_norm
@@ -55,7 +55,8 @@ def clip_by_global_norm(cfg: ClipGlobalNormConfig) -> Transform:
     # tf.clip_by_global_norm divides 1 by float32(c) and gets 1 - 2**-24 for c = 1.7).
     # Beyond 2**126, 1/c is denormal in float32 and the factor would drift away from 1,
     # so larger and scheduled values use float64.
-    keras_float32 = is_constant(cfg.clip_norm) and cfg.clip_norm < 2.0**126
+    constant = clip.constant
+    keras_float32 = constant is not None and constant < 2.0**126
 
     def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
         import tensorflow as tf
@@ -63,7 +64,7 @@ def clip_by_global_norm(cfg: ClipGlobalNormConfig) -> Transform:
         norm = tf.sqrt(squared_norm(grads))  # no extra pass: the engine's finite check
         shared_values["global_norm"] = norm
         if keras_float32:
-            factor = cfg.clip_norm * tf.minimum(1.0 / norm, 1.0 / cfg.clip_norm)
+            factor = constant * tf.minimum(1.0 / norm, 1.0 / constant)
         else:
             c, n = tf.cast(clip(), tf.float64), tf.cast(norm, tf.float64)
             factor = tf.cast(c * tf.minimum(1.0 / n, 1.0 / c), tf.float32)
