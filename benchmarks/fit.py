@@ -16,7 +16,9 @@ import gradpipe
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--repeats", type=int, default=101,
+                        help="rounds, each two fit calls (about 1 s here); the 95%% interval "
+                             "of the per-round ratio is about +-4%% at 101, +-2%% at 501")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
