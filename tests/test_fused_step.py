@@ -218,14 +218,15 @@ def _live_ops(graph) -> list:
     return list(live.values())
 
 
-def _step_ops(concrete) -> list:
-    """Every live op of a traced step: its graph and every function it calls."""
+def _step_ops(concrete, into: tuple[str, ...] = ("then_branch", "else_branch", "f")) -> list:
+    """Every live op of a traced step: its graph and every function it calls through
+    the attributes ``into`` (by default the conditionals' branches too)."""
     ops, graphs, seen = [], [concrete.graph], set()
     while graphs:
         graph = graphs.pop()
         for op in _live_ops(graph):
             ops.append(op)
-            for attr in ("then_branch", "else_branch", "f"):
+            for attr in into:
                 try:
                     name = op.get_attr(attr).name
                 except (ValueError, TypeError, AttributeError):
@@ -324,13 +325,8 @@ def test_a_step_writes_only_in_the_branch_that_decides(rule, jit):
     pipe.build(variables)
     step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
     concrete = step.get_concrete_function([tf.TensorSpec(x.shape) for x in INIT])
-    graphs = [concrete.graph]
-    while graphs:  # the step, and the compiled function it calls
-        graph = graphs.pop()
-        for op in _live_ops(graph):
-            assert "Assign" not in op.type, op.name
-            if op.type in ("PartitionedCall", "StatefulPartitionedCall"):
-                graphs.append(graph._get_function(op.get_attr("f").name).graph)
+    for op in _step_ops(concrete, into=("f",)):  # the step, the compiled function it calls
+        assert "Assign" not in op.type, op.name
     skip = [np.full_like(x, np.nan) for x in INIT]
     assert [bool(step([tf.constant(g) for g in grads])) for grads in (INIT, skip)] == [
         True, False]
