@@ -5,7 +5,8 @@ them to :meth:`StepEngine._step`, traced either plainly or as one XLA
 function (``[pipeline] jit_compile``). The step unscales, checks finiteness in
 the same pass that yields the global norm, updates the loss scale, and runs the
 chain and the assignments under one guard, so a skipped step changes nothing
-(DESIGN §5). docs/performance.md measures each path.
+(DESIGN §5). The plain path's in-place update is in :mod:`gradpipe.in_place`.
+docs/performance.md measures each path.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from .errors import GradpipeError
+from .in_place import can_apply_in_place, update_in_place
 from .packed import AUTO_PACK_MIN_VARIABLES, packing_blocker
 from .sequence import VariableSequence
 from .step_ops import (
@@ -304,8 +306,8 @@ class StepEngine:
         The plain step passes ``finite`` (whether the gradients are): the chain is
         then traced once, and one conditional, which only writes, decides on both.
         """
-        if self._can_apply_in_place(grads):
-            return self._update_in_place(grads, finite)
+        if can_apply_in_place(self, grads):
+            return update_in_place(self, grads, finite)
         updates, new_states, required = self._run_chain_for_required(grads)
         checks = {"none": [], "scalars": required, "updates": [
             u for u, frozen in zip(updates, self._state.frozen) if not frozen]}[self._guard]
@@ -314,82 +316,6 @@ class StepEngine:
             return self._commit(grads, updates, new_states)
         return tf.cond(all_finite(checks), lambda: self._commit(grads, updates, new_states),
                        self._reject)
-
-    def _can_apply_in_place(self, grads: list[Any]) -> bool:
-        """Whether the last transform may update its variables and state in place.
-
-        Only on the plain path, on one device, where nothing else needs the
-        updates: its check is by scalars (or off), it covers every variable, no
-        variable is frozen or has a float32 master, the gradients are dense and
-        no summary writer wants the updates.
-        """
-        last = len(self._transforms) - 1
-        store = self._state
-        return (self._transforms[last].apply is not None
-                and not self._compiling and self._guard != "updates"
-                and last not in self._pre_reduce and all(store.masks[last])
-                and not any(store.frozen) and not store.masters and not store.packing
-                and self._fast_path_allowed(grads))
-
-    def _update_in_place(self, grads: list[Any], finite: tf.Tensor | None) -> tf.Tensor:
-        """The chain up to its last transform, then that transform's fused ``apply``.
-
-        The last transform's ``update`` is traced only for the scalars it requires
-        finite; its tensor work is unused and pruned.
-        """
-        last = len(self._transforms) - 1
-        store, shared = self._state, self._context.shared
-        shared.pop("required_finite", None)
-        inputs, new_states = self._run_chain(grads, skip=self._pre_reduce | {last})
-        checks = [] if finite is None else [finite]
-        if self._guard == "scalars":  # the chain's required scalars, the last's included
-            checks += shared.pop("required_finite", []) + self._required_by_last(inputs)
-
-        def commit() -> tf.Tensor:
-            ops = store.write(new_states)
-            with tf.control_dependencies(ops):
-                ops = ops + list(self._transforms[last].apply(
-                    inputs, store.slot_variables(last), store.variables))
-            with tf.control_dependencies(ops):
-                self._iterations.assign_add(1)
-            with tf.control_dependencies([self._iterations.read_value()]):
-                return tf.constant(True)
-
-        return tf.cond(all_finite(checks), commit, self._reject)
-
-    def _required_by_last(self, inputs: list[Any]) -> list[Any]:
-        """The scalars the last transform requires finite, for the in-place path.
-
-        Its ``update`` is traced first in a scratch function that the step never
-        calls. Where each scalar it requires is a value the step has already (the
-        norm of ``inputs``) or a true constant, the step takes those and none of
-        the trace: the trace's reads of the transform's state would stay in the
-        step, for TF orders every read before the writes and never prunes it
-        (``adam`` at a constant rate: 13 reads and 17 scalar ops a step). Otherwise
-        ``update`` is traced again in the step, and its tensor work is pruned.
-        Run eagerly, ``update`` just runs: a scratch trace per step would cost more.
-        """
-        last = len(self._transforms) - 1
-        store, shared = self._state, self._context.shared
-
-        def required() -> list[Any]:
-            shared.pop("required_finite", None)
-            self._transforms[last].update(inputs, store.read(last), store.variables)
-            return shared.pop("required_finite", [])
-
-        if tf.executing_eagerly():
-            return required()
-        saved = {k: v.copy() if isinstance(v, (dict, list)) else v for k, v in shared.items()}
-        probed: list[Any] = []
-        try:
-            scratch = tf.function(lambda: probed.extend(required()),
-                                  autograph=False).get_concrete_function().graph
-        finally:  # the probe recorded nothing the step may reuse
-            shared.clear()
-            shared.update(saved)
-        if all(_known_true(r) for r in probed if _made_in(r, scratch)):
-            return [r for r in probed if not _made_in(r, scratch)]
-        return required()
 
     def _commit(self, grads: list[Any], updates: list[Any], new_states: dict[int, Any],
                 sequence: VariableSequence | None = None) -> tf.Tensor:
@@ -464,22 +390,3 @@ class StepEngine:
         self._skipped.assign_add(1)
         return tf.constant(False)
 
-
-def _made_in(value: Any, graph: Any) -> bool:
-    """Whether ``value`` is a tensor of ``graph`` or of a graph nested in it (a
-    conditional's branch): a value the step cannot use."""
-    inner = getattr(value, "graph", None)  # None for Python and eager values
-    while inner is not None:
-        if inner is graph:
-            return True
-        inner = getattr(inner, "outer_graph", None)
-    return False
-
-
-def _known_true(value: Any) -> bool:
-    """A required scalar TensorFlow folds to a constant that passes the check."""
-    import numpy as np
-
-    static = tf.get_static_value(value)
-    return static is not None and bool(np.all(static if static.dtype == bool
-                                              else np.isfinite(static)))

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import gradpipe
 from conftest import assert_close
+from gradpipe.in_place import can_apply_in_place
 
 RNG = np.random.default_rng(7)
 SHAPES = [(6, 5), (5,), (7,)]
@@ -298,7 +299,7 @@ def test_the_in_place_scalar_guard_costs_no_read_of_the_state(rule):
             {"kind": "clip_by_global_norm", "clip_norm": 1.0}, rule]},
             jit_compile=False, check_updates=check_updates))
         pipe.build(variables)
-        assert pipe._can_apply_in_place([tf.constant(x) for x in INIT])
+        assert can_apply_in_place(pipe, [tf.constant(x) for x in INIT])
         step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
         concrete = step.get_concrete_function([tf.TensorSpec(x.shape) for x in INIT])
         assert [op.name for op in _live_ops(concrete.graph)
@@ -400,7 +401,7 @@ def test_in_place_updates_equal_the_functional_update_bit_for_bit(case):
         pipe.build(variables)
         if not in_place:
             pipe._transforms[-1] = pipe._transforms[-1]._replace(apply=None)
-        assert pipe._can_apply_in_place([tf.constant(x) for x in grads[0]]) is in_place
+        assert can_apply_in_place(pipe, [tf.constant(x) for x in grads[0]]) is in_place
         step = tf.function(lambda g, p=pipe, v=variables: p.apply_gradients(zip(g, v)))
         applied = [bool(step([tf.constant(x) for x in g])) for g in grads]
         results.append(([v.numpy() for v in variables],
