@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .build import create
-from .config import parse_mapping, read_file
+from .config import parse_mapping
 from .spec import PipelineSpec
+from .toml_source import read_file
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline

@@ -1,18 +1,16 @@
-"""Reading and validating pipeline files.
+"""Validating pipeline files.
 
-``parse_text``/``parse_mapping`` turn a TOML document into a
-:class:`~gradpipe.spec.PipelineSpec`, collecting *every* problem in the file
-(file, key path, line, did-you-mean) into one :class:`ConfigError`. A file can
-only name registered components; nothing in it is ever imported or evaluated.
+``parse_mapping`` turns a TOML document (read by :mod:`gradpipe.toml_source`,
+which also finds each key's line) into a :class:`~gradpipe.spec.PipelineSpec`,
+collecting *every* problem in the file (file, key path, line, did-you-mean)
+into one :class:`ConfigError`. A file can only name registered components;
+nothing in it is ever imported or evaluated.
 """
 
 from __future__ import annotations
 
-import re
-import sys
 from collections.abc import Mapping
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -22,80 +20,12 @@ from .fields import HYPER, SCHEDULE, FieldError, Invalid, ScheduleRef, check_typ
 from .fields import type_name as _type_name
 from .registry import Registry, get_registry
 from .spec import ComponentSpec, GradpipeSection, PipelineOptions, PipelineSpec
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from .toml_source import line_for
 
 SECTIONS = ("gradpipe", "placement", "loss_scale", "schedules", "pipeline",
             "transforms", "convergence", "problem", "lock")
 #: Keys of a transform table that the engine handles, not the component.
 TRANSFORM_KEYS = ("variables", "exclude")
-
-
-def read_file(path: str | Path) -> tuple[dict[str, Any], dict[str, int], str]:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([Problem(path="", message=f"cannot read file: {exc}",
-                                   file=str(path))]) from None
-    data, lines = parse_toml(text, str(path))
-    return data, lines, str(path)
-
-
-def parse_toml(text: str, file: str | None = None) -> tuple[dict[str, Any], dict[str, int]]:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        line = getattr(exc, "lineno", None)
-        if line is None:
-            match = re.search(r"line (\d+)", str(exc))
-            line = int(match.group(1)) if match else None
-        message = getattr(exc, "msg", str(exc))
-        raise ConfigError([Problem(path="", message=f"invalid TOML: {message}",
-                                   file=file, line=line)]) from None
-    return data, line_map(text)
-
-
-def line_map(text: str) -> dict[str, int]:
-    """Key path -> line, by a light scan of the TOML text (tomllib keeps none)."""
-    lines: dict[str, int] = {}
-    table = ""
-    counts: dict[str, int] = {}
-    key_re = re.compile(r"""^\s*((?:[A-Za-z0-9_\-]+|"[^"]*"|'[^']*')"""
-                        r"""(?:\s*\.\s*(?:[A-Za-z0-9_\-]+|"[^"]*"|'[^']*'))*)\s*=""")
-    for number, raw in enumerate(text.splitlines(), 1):
-        stripped = raw.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped.startswith("[["):
-            name = _norm_key(stripped[2:stripped.find("]]")])
-            counts[name] = counts.get(name, -1) + 1
-            table = f"{name}[{counts[name]}]"
-            lines.setdefault(table, number)
-            continue
-        if stripped.startswith("["):
-            table = _norm_key(stripped[1:stripped.find("]")])
-            lines.setdefault(table, number)
-            continue
-        match = key_re.match(raw)
-        if not match:
-            continue
-        key = _norm_key(match.group(1))
-        full = f"{table}.{key}" if table else key
-        lines.setdefault(full, number)
-        rest = raw[match.end():]
-        if "{" in rest:  # keys of an inline table on the same line
-            for inner in re.finditer(r"([A-Za-z0-9_\-]+)\s*=", rest):
-                lines.setdefault(f"{full}.{inner.group(1)}", number)
-    return lines
-
-
-def _norm_key(key: str) -> str:
-    parts = [p.strip().strip("\"'") for p in key.split(".")]
-    return ".".join(parts)
 
 
 class _Collector:
@@ -112,19 +42,6 @@ class _Collector:
 
     def line(self, path: str) -> int | None:
         return line_for(self.lines, path)
-
-
-def line_for(lines: Mapping[str, int], path: str) -> int | None:
-    """The line of ``path``, or of its nearest enclosing key that has one."""
-    probe = path
-    while probe:
-        if probe in lines:
-            return lines[probe]
-        cut = max(probe.rfind("."), probe.rfind("["))
-        if cut <= 0:
-            break
-        probe = probe[:cut]
-    return lines.get(probe)
 
 
 def parse_mapping(

@@ -161,8 +161,8 @@ class PipelineSpec:
 
     def problem_at(self, path: str, message: str) -> Any:
         """A Problem at ``path`` with this file's name and the key's line."""
-        from .config import line_for
         from .errors import Problem
+        from .toml_source import line_for
 
         return Problem(path=path, message=message, file=self.source,
                        line=line_for(self.lines, path))

@@ -1,0 +1,102 @@
+"""Reading a pipeline file: its TOML, and the line of every key.
+
+``tomllib`` keeps no positions, so :func:`line_map` finds them with a light
+scan of the text; :func:`line_for` gives a key path's line, or its nearest
+enclosing key's, for every problem :mod:`gradpipe.config` reports.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, Problem
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def read_file(path: str | Path) -> tuple[dict[str, Any], dict[str, int], str]:
+    """The file's TOML, the line of each key, and its name; a ConfigError if the
+    file cannot be read or is not TOML."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([Problem(path="", message=f"cannot read file: {exc}",
+                                   file=str(path))]) from None
+    data, lines = parse_toml(text, str(path))
+    return data, lines, str(path)
+
+
+def parse_toml(text: str, file: str | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+    """TOML text as a mapping and the line of each key; invalid TOML is a
+    ConfigError with the line of the fault."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line = getattr(exc, "lineno", None)
+        if line is None:
+            match = re.search(r"line (\d+)", str(exc))
+            line = int(match.group(1)) if match else None
+        message = getattr(exc, "msg", str(exc))
+        raise ConfigError([Problem(path="", message=f"invalid TOML: {message}",
+                                   file=file, line=line)]) from None
+    return data, line_map(text)
+
+
+def line_map(text: str) -> dict[str, int]:
+    """Key path -> line, by a light scan of the TOML text (tomllib keeps none)."""
+    lines: dict[str, int] = {}
+    table = ""
+    counts: dict[str, int] = {}
+    key_re = re.compile(r"""^\s*((?:[A-Za-z0-9_\-]+|"[^"]*"|'[^']*')"""
+                        r"""(?:\s*\.\s*(?:[A-Za-z0-9_\-]+|"[^"]*"|'[^']*'))*)\s*=""")
+    for number, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.startswith("[["):
+            name = _norm_key(stripped[2:stripped.find("]]")])
+            counts[name] = counts.get(name, -1) + 1
+            table = f"{name}[{counts[name]}]"
+            lines.setdefault(table, number)
+            continue
+        if stripped.startswith("["):
+            table = _norm_key(stripped[1:stripped.find("]")])
+            lines.setdefault(table, number)
+            continue
+        match = key_re.match(raw)
+        if not match:
+            continue
+        key = _norm_key(match.group(1))
+        full = f"{table}.{key}" if table else key
+        lines.setdefault(full, number)
+        rest = raw[match.end():]
+        if "{" in rest:  # keys of an inline table on the same line
+            for inner in re.finditer(r"([A-Za-z0-9_\-]+)\s*=", rest):
+                lines.setdefault(f"{full}.{inner.group(1)}", number)
+    return lines
+
+
+def _norm_key(key: str) -> str:
+    parts = [p.strip().strip("\"'") for p in key.split(".")]
+    return ".".join(parts)
+
+
+def line_for(lines: Mapping[str, int], path: str) -> int | None:
+    """The line of ``path``, or of its nearest enclosing key that has one."""
+    probe = path
+    while probe:
+        if probe in lines:
+            return lines[probe]
+        cut = max(probe.rfind("."), probe.rfind("["))
+        if cut <= 0:
+            break
+        probe = probe[:cut]
+    return lines.get(probe)
