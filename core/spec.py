@@ -12,7 +12,9 @@ from typing import Any, Literal
 
 import attrs
 
+from .errors import Problem
 from .fields import HYPER, SCHEDULE, ScheduleRef, at_least, in_range, one_of
+from .toml_source import line_for
 
 SCHEMA_VERSION = 1
 
@@ -159,11 +161,8 @@ class PipelineSpec:
     source: str | None = attrs.field(default=None, eq=False)
     lines: dict[str, int] = attrs.field(factory=dict, eq=False, repr=False)
 
-    def problem_at(self, path: str, message: str) -> Any:
+    def problem_at(self, path: str, message: str) -> Problem:
         """A Problem at ``path`` with this file's name and the key's line."""
-        from .errors import Problem
-        from .toml_source import line_for
-
         return Problem(path=path, message=message, file=self.source,
                        line=line_for(self.lines, path))
 
