@@ -16,7 +16,16 @@ from typing import Any
 import attrs
 
 from .errors import ConfigError, PluginError, Problem, did_you_mean
-from .fields import HYPER, SCHEDULE, FieldError, Invalid, ScheduleRef, check_type, field_types
+from .fields import (
+    HYPER,
+    SCHEDULE,
+    FieldError,
+    Invalid,
+    ScheduleRef,
+    check_type,
+    field_types,
+    valid_patterns,
+)
 from .fields import type_name as _type_name
 from .registry import Registry, get_registry
 from .spec import ComponentSpec, GradpipeSection, PipelineOptions, PipelineSpec
@@ -243,7 +252,8 @@ class _SpecBuilder:
                     value = params.pop(key)
                     try:
                         extra[key] = check_type(tuple[str, ...], value)
-                    except Invalid as exc:
+                        valid_patterns(None, None, extra[key])
+                    except (Invalid, ValueError) as exc:
                         self.out.add(f"{path}.{key}", f"{exc} (regular expressions "
                                      "matched against variable paths)")
         config = self.config(comp.config_cls, params, path, extra_keys=extra.keys())

@@ -8,7 +8,7 @@ replica context, before the loss scaler and the transforms see them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import PlacementError
@@ -84,6 +84,22 @@ def all_reduce_sum(grads: Sequence[Any], groups: list[list[int]] | None = None,
             summed.append(tf.tensordot(tf.cast(weights, g.dtype), gathered, axes=1))
         reduced = iter(summed)
     return [None if g is None else next(reduced) for g in grads]
+
+
+def build_eagerly_once(build: Callable[[], None]) -> None:
+    """Run ``build`` (which creates state variables) eagerly, never inside a trace;
+    from inside ``strategy.run``, once for all replicas, in the cross-replica context
+    that creating mirrored variables needs. Keras 3 optimizers build in this spot."""
+    import tensorflow as tf
+
+    def eagerly(*_: Any) -> None:
+        with tf.init_scope():
+            build()
+
+    if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+        tf.distribute.get_replica_context().merge_call(eagerly)
+    else:
+        eagerly()
 
 
 class Placement:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from .errors import did_you_mean
 
 HYPER = "gradpipe_hyper"
 SCHEDULE = "gradpipe_schedule"
+PATTERNS = "gradpipe_variable_patterns"
 
 
 class FieldError(ValueError):
@@ -77,6 +79,27 @@ def schedule_field(*, default: Any = attrs.NOTHING, many: bool = False) -> Any:
     """A field holding a whole schedule (``"@name"`` or a table), e.g. for warmup;
     with ``many``, a non-empty array of them (``sequence``)."""
     return attrs.field(default=default, metadata={SCHEDULE: "many" if many else "one"})
+
+
+def variable_patterns(*, default: tuple[str, ...] = ()) -> Any:
+    """Regular expressions matched (``re.search``) against variable paths
+    (``sequential/dense/bias``), e.g. Keras's ``exclude_from_weight_decay``.
+
+    Each must compile (checked with the file), and each must match at least one
+    variable of the model the pipeline is built for (checked at build): a
+    pattern that matches nothing is most often a typo.
+    """
+    return attrs.field(default=default, validator=valid_patterns,
+                       metadata={PATTERNS: True})
+
+
+def valid_patterns(inst: Any, attribute: Any, value: Sequence[str]) -> None:
+    for i, pattern in enumerate(value):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"item {i}: invalid regular expression {pattern!r}: "
+                             f"{exc}") from None
 
 
 # -- validators with messages a user can act on -------------------------------

@@ -1,6 +1,7 @@
 """The Pipeline: a ``tf.Module`` that owns all state and applies one step.
 
-One call of :meth:`Pipeline.apply_gradients` does, in order (DESIGN §5):
+One call of :meth:`Pipeline.apply_gradients` does, in order (the user guide,
+"What one step does"):
 
 1. reduce gradients across replicas once, through the placement;
 2. unscale by the loss scale and decide finiteness on the reduced gradients;
@@ -18,18 +19,20 @@ from __future__ import annotations
 
 import inspect
 import json
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import tensorflow as tf
 
-from .build import build_component
+from .build import build_component, component_spec
+from .distribute import build_eagerly_once
 from .errors import GradpipeError
 from .fields import ScheduleRef
+from .learning_rate import LearningRate
 from .registry import Registry, get_registry
 from .spec import ComponentSpec, PipelineSpec
-from .state import StateStore, layout_difference
+from .state import StateStore
 from .step import StepEngine
 from .summaries import scheduled_hyperparameters
 from .transform import BuildContext, build_scope
@@ -57,30 +60,28 @@ class Pipeline(StepEngine, tf.Module):
                                         name="skipped_steps")
             self._micro_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
                                             name="micro_steps")
-            # The state layout (names and shapes), saved with every checkpoint so a
-            # restore into a different pipeline fails naming what differs. Python
-            # state, not a string variable: MultiWorkerMirrored cannot broadcast those.
-            self._layout = _LayoutState()
+            # The state layout (names and shapes), saved with every checkpoint: a
+            # restore pairs its names with this pipeline's and fails naming what
+            # differs. Python state, not a string variable: MultiWorkerMirrored
+            # cannot broadcast those.
+            self._layout = _LayoutState(self)
             self._context = BuildContext(step=self._iterations.read_value,
                                          resolve_schedule=self._resolve_schedule)
+            self._rate = LearningRate(spec)
             with build_scope(self._context):
-                self.loss_scaler = (build_component(spec.loss_scale, registry)
-                                    if spec.loss_scale else None)
                 self.schedules = {name: self._resolve_schedule(ScheduleRef(name))
                                   for name in spec.schedules}
-                self._transforms = [build_component(t, registry) for t in spec.transforms]
+                built = [self._rate.for_build(t) for t in spec.transforms]
+                self._transforms = [build_component(t, registry) for t, _ in built]
+                # tracked, so that checkpoints hold it (None where it cannot be set)
+                self._learning_rate_variable = self._rate.create_variable(built)
                 self.criteria = [build_component(c, registry) for c in spec.convergence]
                 self._learning_rate = _first_learning_rate(spec)
                 self._scheduled = scheduled_hyperparameters(spec)
+        self._attach_loss_scaler()
         self._state = StateStore(self, spec)
         self._pre_reduce = self._clipping_before_reduce()
         self._guard = self._update_guard()
-        self._scaler_takes_finite = self.loss_scaler is not None and "finite" in \
-            inspect.signature(self.loss_scaler.update).parameters
-        # No scaler: the scale is 1, a power of two (the norm is then also summed by the
-        # fast L2Loss kernel outside XLA, and unscaling multiplies by exactly 1).
-        self._power_of_two_scale = self.loss_scaler is None or bool(
-            getattr(self.loss_scaler, "power_of_two", False))
         # One XLA function for the whole update: fusion across every variable.
         self._compiled_step = tf.function(self._step, jit_compile=True, autograph=False)
         self._compiling = False
@@ -114,10 +115,21 @@ class Pipeline(StepEngine, tf.Module):
 
     @property
     def learning_rate(self) -> tf.Tensor:
-        """The current learning rate of the first update rule (``nan`` if none has one)."""
+        """The current learning rate of the first update rule (``nan`` if none has one).
+
+        Settable, as Keras's ``optimizer.learning_rate``, where the update rules
+        share one constant rate: ``pipe.learning_rate = 1e-4`` applies from the
+        next step on and is saved with the state. A scheduled rate is an error.
+        """
+        if self._rate.variable is not None:
+            return self._rate.variable.read_value()
         if self._learning_rate is None:
             return tf.constant(float("nan"), tf.float32)
         return self._learning_rate()
+
+    @learning_rate.setter
+    def learning_rate(self, value: Any) -> None:
+        self._rate.set(value)
 
     def minimize(self, loss_fn: Any, var_list: Sequence[Any], max_steps: int,
                  trace_fn: Any = None, *, return_full_length_trace: bool = True,
@@ -138,14 +150,12 @@ class Pipeline(StepEngine, tf.Module):
         """Every state variable under a stable name (the checkpoint/.keras layout)."""
         named = {"iterations": self._iterations, "skipped_steps": self._skipped,
                  "micro_steps": self._micro_steps}
+        if self._rate.variable is not None:
+            named["learning_rate"] = self._rate.variable
         if self.loss_scaler is not None:
             for var in self.loss_scaler.variables:
                 named[f"loss_scale/{var.name.split(':')[0].split('/')[-1]}"] = var
-        store = self._state
-        for key, slots in store.slots.items():
-            named.update({f"slots/{key}/{name}": var for name, var in slots.items()})
-        named.update({f"accumulators/{p}": v for p, v in store.accumulators.items()})
-        named.update({f"masters/{p}": v for p, v in store.masters.items()})
+        named.update(self._state.by_name)
         return named
 
     def layout(self) -> dict[str, list[int]]:
@@ -153,10 +163,22 @@ class Pipeline(StepEngine, tf.Module):
         can restore each other's state."""
         return {name: list(var.shape) for name, var in sorted(self.named_variables().items())}
 
-    def keras_optimizer(self, name: str = "gradpipe") -> Any:
-        """A ``keras.optimizers.Optimizer`` that applies this pipeline in compile()/fit()."""
-        from .keras_adapter import pipeline_optimizer
+    def keras_optimizer(self, name: str = "gradpipe", *, keras: str | None = None) -> Any:
+        """An optimizer that applies this pipeline in ``compile()``/``fit()``.
 
+        It is an optimizer of the Keras that ``tf.keras`` resolves to: Keras 3, or
+        tf-keras (Keras 2) under ``TF_USE_LEGACY_KERAS=1``. ``keras="keras"`` or
+        ``keras="tf_keras"`` picks one (``import tf_keras`` without that variable).
+        """
+        from .keras_common import which_keras
+
+        flavour = keras or which_keras()
+        if flavour == "keras":
+            from .keras_adapter import pipeline_optimizer
+        elif flavour == "tf_keras":
+            from .tf_keras_adapter import pipeline_optimizer
+        else:
+            raise GradpipeError(f"keras must be 'keras' or 'tf_keras', got {keras!r}")
         return pipeline_optimizer(self, name=name)
 
     def transform_state(self, which: int | str) -> dict[str, tf.Variable]:
@@ -199,27 +221,32 @@ class Pipeline(StepEngine, tf.Module):
         if self._state.built:
             return
         self._state.build(list(variables))
-        self._layout.value = json.dumps(self.layout(), sort_keys=True)
+        pending, self._state.pending_restore = self._state.pending_restore, None
+        if pending is not None:  # a checkpoint restored before the state existed
+            self._state.restore_by_name(pending, self.layout(), "the restored checkpoint")
 
     def restore(self, path: str, key: str = "pipeline") -> None:
         """Restore this pipeline's state from a ``tf.train.Checkpoint`` written with
-        ``tf.train.Checkpoint(**{key: pipe}, ...)``; a different layout is an error
-        naming what differs, never a silent fresh start."""
-        if not self._state.built:
-            raise GradpipeError("build the pipeline (pipe.build(variables)) before "
-                                "restoring it, so its state exists to receive the values")
+        ``tf.train.Checkpoint(**{key: pipe}, ...)``, built or not (then the state
+        is restored when it is built).
+
+        ``tf.train.Checkpoint(...).restore(path)`` does the same; this also fails
+        when ``path`` holds no pipeline under ``key``.
+        """
         try:
-            saved = tf.train.load_variable(path, f"{key}/_layout/.ATTRIBUTES/py_state")
+            tf.train.load_variable(path, f"{key}/_layout/.ATTRIBUTES/py_state")
         except (tf.errors.NotFoundError, ValueError) as exc:
             raise GradpipeError(f"{path} holds no gradpipe pipeline under {key!r}: "
                                 f"{exc}") from None
-        saved_layout = json.loads(saved.decode() if isinstance(saved, bytes) else saved)
-        difference = layout_difference(self.layout(), saved_layout)
-        if difference:
-            raise GradpipeError(f"checkpoint {path} was written by a different pipeline: "
-                                f"{difference}")
-        tf.train.Checkpoint(**{key: self}).restore(path).expect_partial() \
-            .assert_existing_objects_matched()
+        tf.train.Checkpoint(**{key: self}).restore(path).expect_partial()
+
+    def _restore_layout(self, saved: dict[str, list[int]]) -> None:
+        """A checkpoint's layout, restored after TensorFlow deferred each saved
+        state entry: pair them with this state now, or when it is built."""
+        if self._state.built:
+            self._state.restore_by_name(saved, self.layout(), "the checkpoint")
+        else:
+            self._state.pending_restore = saved
 
     @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> tf.Tensor:
@@ -227,10 +254,9 @@ class Pipeline(StepEngine, tf.Module):
         pairs = list(grads_and_vars)
         if not pairs:
             raise GradpipeError("apply_gradients() got no (gradient, variable) pairs")
-        variables = [v for _, v in pairs]
         if not self._state.built:
-            with tf.init_scope():  # state is created eagerly, never inside a trace
-                self.build(variables)
+            variables = [v for _, v in pairs]
+            build_eagerly_once(lambda: self.build(variables))
         grads = self._state.align(pairs)
         if all(g is None for g in grads):
             raise GradpipeError("no gradients provided for any variable")
@@ -245,6 +271,34 @@ class Pipeline(StepEngine, tf.Module):
         self._compiling = self._should_compile(grads)
         applied = (self._compiled_step if self._compiling else self._step)(grads, present)
         return applied if packing is None else self._subtract_packed(applied)
+
+    def add_loss_scale(self, table: Mapping[str, Any]) -> None:
+        """Give a pipeline without ``[loss_scale]`` the loss scaler that ``table``
+        describes (a TOML-shaped table), before its first step.
+
+        The Keras adapters call it under the ``mixed_float16`` policy, as Keras's
+        ``compile`` wraps a plain optimizer in a ``LossScaleOptimizer``. The
+        resolved TOML (``to_toml``, a ``.keras`` file) then includes it.
+        """
+        if self.loss_scaler is not None:
+            raise GradpipeError("this pipeline has a loss scaler already: "
+                                f"{self._spec.loss_scale.name if self._spec.loss_scale else ''}")
+        if int(self._iterations.numpy()) or int(self._skipped.numpy()):
+            raise GradpipeError("a loss scaler can only be added before the first step")
+        spec = component_spec("loss_scale", table, registry=self._registry)
+        self._spec = attrs.evolve(self._spec, loss_scale=spec)
+        self._attach_loss_scaler()
+
+    def _attach_loss_scaler(self) -> None:
+        spec = self._spec.loss_scale
+        with self.strategy.scope(), build_scope(self._context):
+            self.loss_scaler = build_component(spec, self._registry) if spec else None
+        self._scaler_takes_finite = self.loss_scaler is not None and "finite" in \
+            inspect.signature(self.loss_scaler.update).parameters
+        # No scaler: the scale is 1, a power of two (the norm is then also summed by the
+        # fast L2Loss kernel outside XLA, and unscaling multiplies by exactly 1).
+        self._power_of_two_scale = self.loss_scaler is None or bool(
+            getattr(self.loss_scaler, "power_of_two", False))
 
     def _clipping_before_reduce(self) -> set[int]:
         """Leading clipping transforms to run per replica (``clip_before_reduce``)."""
@@ -270,16 +324,21 @@ class Pipeline(StepEngine, tf.Module):
 
 
 class _LayoutState(tf.train.experimental.PythonState):
-    """The pipeline's state layout as JSON, written into every checkpoint."""
+    """The pipeline's state layout (name -> shape) as JSON, in every checkpoint.
 
-    def __init__(self) -> None:
-        self.value = ""
+    TensorFlow restores Python state after it has looked up every other saved
+    object of the restore, which is when the state's entries can be paired.
+    """
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self._pipeline = pipeline
 
     def serialize(self) -> str:
-        return self.value
+        return json.dumps(self._pipeline.layout(), sort_keys=True)
 
     def deserialize(self, string_value: Any) -> None:
-        del string_value  # restore compares layouts first; ours stays authoritative
+        text = string_value.decode() if isinstance(string_value, bytes) else string_value
+        self._pipeline._restore_layout(json.loads(text) if text else {})
 
 
 def _first_learning_rate(spec: PipelineSpec) -> Any:
@@ -291,15 +350,3 @@ def _first_learning_rate(spec: PipelineSpec) -> Any:
                                                                       "learning_rate"):
             return hyper(t.config.learning_rate)
     return None
-
-
-def variable_path(var: Any) -> str:
-    """The path patterns match: Keras ``path`` (``dense/kernel``), else the TF name."""
-    name = getattr(var, "path", None) or var.name
-    return re.sub(r":\d+$", "", name)
-
-
-def slot_name(path: str) -> str:
-    """A checkpoint-safe key for a variable path; ``/`` becomes ``.`` so the path's
-    components stay recognisable (``sequential.dense.kernel``)."""
-    return re.sub(r"[^A-Za-z0-9_.\-]", "_", path.replace("/", "."))

@@ -68,10 +68,8 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
     if checkpoint_dir:
         ckpt = tf.train.Checkpoint(pipeline=pipe, problem=list(variables), step=position)
         manager = tf.train.CheckpointManager(ckpt, checkpoint_dir, max_to_keep=3)
-        if manager.latest_checkpoint:
-            pipe.restore(manager.latest_checkpoint)
-            tf.train.Checkpoint(problem=list(variables), step=position).restore(
-                manager.latest_checkpoint).expect_partial()
+        if manager.latest_checkpoint:  # the pipeline's state is matched by name
+            ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
             resumed_from = int(position.numpy())
 
     criteria = AnyOf(pipe.criteria) if pipe.criteria else None

@@ -13,7 +13,15 @@ from typing import Any, Literal
 import attrs
 
 from .errors import Problem
-from .fields import HYPER, SCHEDULE, ScheduleRef, at_least, in_range, one_of
+from .fields import (
+    HYPER,
+    SCHEDULE,
+    ScheduleRef,
+    at_least,
+    in_range,
+    one_of,
+    variable_patterns,
+)
 from .toml_source import line_for
 
 SCHEMA_VERSION = 1
@@ -88,7 +96,8 @@ class PipelineOptions:
     Attributes:
         accumulation_steps: micro-batches per applied update (OpenSeq2Seq
             ``iter_size``); the chain runs once every ``k`` calls on the mean.
-        freeze: regular expressions; matching variables are never updated.
+        freeze: regular expressions; matching variables are never updated. A
+            trainable variable that no update rule selects must be listed here.
         jit_compile: compile the whole update (unscale, check, chain, assign) with
             XLA as one function, on one device; summaries are not written then.
             ``"auto"`` (default) compiles where it is safe and pays: one device,
@@ -116,7 +125,7 @@ class PipelineOptions:
     """
 
     accumulation_steps: int = attrs.field(default=1, validator=in_range(1, 1_000_000))
-    freeze: tuple[str, ...] = ()
+    freeze: tuple[str, ...] = variable_patterns()
     jit_compile: bool | Literal["auto"] = "auto"
     pack_variables: bool | Literal["auto"] = "auto"
     check_updates: bool = True

@@ -1,20 +1,25 @@
 """Where a pipeline keeps its state: named ``tf.Variable``s, masks, accumulators.
 
 Transforms are pure functions; this store owns one ``tf.Variable`` per state
-tensor, named after the transform and the variable it belongs to, so
-``tf.train.Checkpoint`` keys are stable names, never positions.
+tensor, named after the transform and the variable it belongs to
+(``slots/1_adam/mu/sequential.dense.kernel``, see :mod:`gradpipe.names`).
+``tf.train.Checkpoint`` saves each under that name, never by position, and a
+restore pairs the saved names with this model's the way a ``.keras`` load
+does, so a second instance of a model (``sequential_1.dense_2.kernel``)
+restores exactly, built before the restore or after it.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
-from .errors import ConfigError, GradpipeError
+from .errors import GradpipeError
+from .names import matched_layout, slot_name, unique_names, variable_path
 from .packed import PACKED_PATH, PackedLayout, PackedVariables, SlotView
+from .selection import frozen_variables, transform_masks
 from .spec import PipelineSpec
 
 
@@ -61,7 +66,16 @@ class StateStore(tf.Module):
         self._layout = _Untracked([])
         self.masks: list[list[bool]] = []
         self.frozen: list[bool] = []
+        # What a checkpoint holds, by stable name (see _trackable_children).
+        self._named = _Untracked([{}])
+        # A layout restored before the state existed: matched when build() makes it.
+        self.pending_restore: dict[str, list[int]] | None = None
         self.built = False
+
+    @property
+    def by_name(self) -> dict[str, Any]:
+        """Every per-variable state variable (slots, accumulators, masters) by name."""
+        return self._named.items[0]
 
     @property
     def variables(self) -> list[Any]:
@@ -93,24 +107,16 @@ class StateStore(tf.Module):
         return [v.dtype for v in self.variables]
 
     def build(self, variables: list[Any]) -> None:
-        from .pipeline import slot_name, variable_path
-
         if self.built:
             return
         owner = self._owner.items[0]
         raw_paths = [variable_path(v) for v in variables]
-        paths = _unique([slot_name(p) for p in raw_paths])
+        paths = unique_names([slot_name(p) for p in raw_paths])
         self._index = {_key(v): i for i, v in enumerate(variables)}
         variables = [_tf_variable(v) for v in variables]
         self._model_vars.items = list(variables)
-        self.masks = [self._mask(t.extra, raw_paths, t.path) for t in self._spec.transforms]
-        self.frozen = self._frozen(raw_paths)
-        # A variable that no update rule selects is not updated at all (rather than
-        # having the raw gradient subtracted).
-        rules = [m for m, t in zip(self.masks, self._spec.transforms)
-                 if getattr(type(t.config), "update_rule", False)]
-        if rules:
-            self.frozen = [f or not any(m[j] for m in rules) for j, f in enumerate(self.frozen)]
+        self.masks = transform_masks(self._spec, raw_paths)
+        self.frozen = frozen_variables(self._spec, raw_paths, self.masks)
         with owner.strategy.scope():
             # OpenSeq2Seq MixedPrecisionOptimizerWrapper: half-precision variables get
             # float32 master copies; the update runs on the master and is cast back.
@@ -163,6 +169,10 @@ class StateStore(tf.Module):
                     self.accumulators[path] = tf.Variable(
                         tf.zeros(var.shape, _master_dtype(var.dtype)),
                         trainable=False, name=f"accumulator_{path}")
+        for key, slots in self.slots.items():
+            self.by_name.update({f"slots/{key}/{name}": var for name, var in slots.items()})
+        self.by_name.update({f"accumulators/{p}": v for p, v in self.accumulators.items()})
+        self.by_name.update({f"masters/{p}": v for p, v in self.masters.items()})
         self.built = True
 
     def _views(self, key: str, name: str, packed: tf.Variable,
@@ -178,40 +188,51 @@ class StateStore(tf.Module):
                  for path, offset, shape in zip(paths, layout.offsets, layout.shapes))
         return {view.name: view for view in views}
 
-    def _mask(self, extra: dict[str, Any], paths: list[str], where: str) -> list[bool]:
-        include = extra.get("variables") or ()
-        exclude = extra.get("exclude") or ()
-        problems = []
-        for key, patterns in (("variables", include), ("exclude", exclude)):
-            for i, pattern in enumerate(patterns):
-                try:
-                    regex = re.compile(pattern)
-                except re.error as exc:
-                    problems.append(self._spec.problem_at(
-                        f"{where}.{key}[{i}]", f"invalid pattern {pattern!r}: {exc}"))
-                    continue
-                if not any(regex.search(p) for p in paths):
-                    problems.append(self._spec.problem_at(
-                        f"{where}.{key}[{i}]", f"pattern {pattern!r} matches no variable; "
-                        f"variables are: {', '.join(paths)}"))
-        if problems:
-            raise ConfigError(problems)
+    # -- checkpoints: saved by name, restored by matching names ----------------
 
-        def selected(path: str) -> bool:
-            if include and not any(re.search(p, path) for p in include):
-                return False
-            return not any(re.search(p, path) for p in exclude)
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any
+                            ) -> dict[str, Any]:
+        return dict(self.by_name)
 
-        return [selected(p) for p in paths]
+    def _lookup_dependency(self, name: str, cached_dependencies: Any = None) -> Any:
+        # Never by the saved name alone: TensorFlow then defers each saved entry
+        # (_deferred_dependencies), and restore_by_name pairs all of them at once
+        # once the pipeline's layout, restored after every lookup, is known.
+        del name, cached_dependencies
+        return None
 
-    def _frozen(self, paths: list[str]) -> list[bool]:
-        patterns = self._spec.options.freeze
-        for i, pattern in enumerate(patterns):
-            if not any(re.search(pattern, p) for p in paths):
-                raise ConfigError([self._spec.problem_at(
-                    f"pipeline.freeze[{i}]", f"pattern {pattern!r} matches no variable; "
-                    f"variables are: {', '.join(paths)}")])
-        return [any(re.search(p, path) for p in patterns) for path in paths]
+    def restore_by_name(self, saved: dict[str, list[int]], expected: dict[str, list[int]],
+                        where: str) -> None:
+        """Restore the deferred saved entries into this state, names matched.
+
+        ``saved`` and ``expected`` are the name -> shape layouts of the whole
+        pipeline. Anything that does not pair (a name, a shape, an entry of an
+        older layout) is a ``GradpipeError`` naming it, raised before any value
+        is restored: never a silent fresh start.
+        """
+        pending = self._deferred_dependencies
+        try:
+            matched, difference = matched_layout(expected, saved)
+            if difference:
+                raise GradpipeError(f"{where} was written by a different pipeline: "
+                                    f"{difference}")
+            absent = sorted(name for old, name in matched.items()
+                            if name in self.by_name and old not in pending)
+            if absent:
+                raise GradpipeError(
+                    f"{where} lists {', '.join(absent)} in its layout but holds no value "
+                    "for them: it was written in another layout of the state (an older "
+                    "gradpipe); restore it with that version")
+            for old, name in matched.items():
+                if name in self.by_name:
+                    self._handle_deferred_dependencies(name=old, trackable=self.by_name[name])
+        except GradpipeError:
+            # the error says what was not restored: TF need not list each value again
+            for position in (p for positions in pending.values() for p in positions):
+                position.checkpoint.expect_partial = True
+            raise
+        finally:
+            pending.clear()
 
     def align(self, pairs: Sequence[tuple[Any, Any]]) -> list[Any]:
         """Gradients in the order of the built variables; ``None`` where absent."""
@@ -294,17 +315,6 @@ class StateStore(tf.Module):
             acc.assign(tf.zeros_like(acc))
 
 
-def _unique(paths: list[str]) -> list[str]:
-    """Suffix repeated paths (two ``Variable:0`` objects) so each slot name is unique."""
-    seen: dict[str, int] = {}
-    out = []
-    for path in paths:
-        n = seen.get(path, 0)
-        seen[path] = n + 1
-        out.append(path if n == 0 else f"{path}_{n}")
-    return out
-
-
 def _master_dtype(dtype: Any) -> Any:
     return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
 
@@ -329,19 +339,3 @@ def _leaf_names(state: Any, paths: list[str]) -> list[str]:
 
     walk(state, "")
     return names
-
-
-def layout_difference(expected: dict[str, Any], found: dict[str, Any]) -> str:
-    """What differs between two name -> shape layouts, in words ("" if nothing)."""
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
-    reshaped = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
-    parts = []
-    if missing:
-        parts.append(f"missing from the saved state: {', '.join(missing)}")
-    if unexpected:
-        parts.append(f"saved but not in this pipeline: {', '.join(unexpected)}")
-    if reshaped:
-        parts.append("different shapes: " + ", ".join(
-            f"{k} {found[k]} saved vs {expected[k]}" for k in reshaped))
-    return "; ".join(parts)

@@ -5,8 +5,8 @@ them to :meth:`StepEngine._step`, traced either plainly or as one XLA
 function (``[pipeline] jit_compile``). The step unscales, checks finiteness in
 the same pass that yields the global norm, updates the loss scale, and runs the
 chain and the assignments under one guard, so a skipped step changes nothing
-(DESIGN §5). The plain path's in-place update is in :mod:`gradpipe.in_place`.
-docs/performance.md measures each path.
+(the user guide's "What one step does"). The plain path's in-place update is
+in :mod:`gradpipe.in_place`. docs/performance.md measures each path.
 """
 
 from __future__ import annotations

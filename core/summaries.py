@@ -77,7 +77,7 @@ def write_update_summaries(pipe: Any, grads: list[Any], updates: list[Any]) -> N
                     _scalar(f"clipping_factors/{name.split('/', 1)[1]}", var,
                                       step=step)
     if "update_ratios" in wanted:
-        from .pipeline import variable_path
+        from .names import variable_path
         from .step_ops import slice_values
 
         for var, update in zip(*pipe._state.per_variable(updates)):

@@ -113,14 +113,41 @@ def _default_context() -> BuildContext:
     return BuildContext(step, resolve)
 
 
+class SettableRate(float):
+    """A constant ``learning_rate`` that training may set (Keras's
+    ``optimizer.learning_rate = x``), as the engine hands it to an update rule's
+    factory: it is the number the file gave, for every check of the config,
+    and :func:`hyper` turns it into a read of the pipeline's variable."""
+
+    read: Callable[[], Any] | None
+    read_by_hyper: bool
+
+    def __new__(cls, value: float, read: Callable[[], Any] | None = None) -> SettableRate:
+        rate = super().__new__(cls, value)
+        rate.read = read
+        rate.read_by_hyper = False
+        return rate
+
+
 def hyper(value: Any) -> Callable[[], Any]:
     """A callable returning ``value`` at the current step as a float32 scalar.
 
     ``value`` is what a ``hyperparameter()`` field holds: a number, a
     ``"@name"`` reference or an inline schedule. Call it inside ``update``.
+    The callable's ``constant`` is the number where the value can never change,
+    else ``None`` (a schedule, or a learning rate training may set).
     """
     import tensorflow as tf
 
+    if isinstance(value, SettableRate) and value.read is not None:
+        value.read_by_hyper = True
+        read = value.read
+
+        def current() -> Any:
+            return read()
+
+        current.constant = None  # type: ignore[attr-defined]
+        return current
     if is_constant(value):
         constant = float(value)
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, NamedTuple
 import attrs
 
 from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, one_minus
-from gradpipe.fields import in_range, is_constant, non_negative
+from gradpipe.fields import in_range, is_constant, non_negative, variable_patterns
 from gradpipe.plugins._tensor import dense as _dense
 from gradpipe.plugins._tensor import value_of
 from gradpipe.plugins._tensor import zeros_like_vars as _zeros
@@ -207,14 +207,15 @@ class AdamWConfig(AdamConfig):
 
     Attributes:
         weight_decay: decay rate; ``var -= var * weight_decay * learning_rate``.
-        exclude_from_weight_decay: regexes of variable paths that are not decayed.
+        exclude_from_weight_decay: regexes of variable paths that are not decayed
+            (they are still updated by Adam).
     """
 
     # reads the variables, and excludes some by path
     elementwise: ClassVar[bool] = False
 
     weight_decay: Any = hyperparameter(default=0.004, validator=non_negative())
-    exclude_from_weight_decay: tuple[str, ...] = ()
+    exclude_from_weight_decay: tuple[str, ...] = variable_patterns()
 
     @property
     def preserves_finite(self) -> bool:
@@ -230,7 +231,7 @@ def adamw(cfg: AdamWConfig) -> Transform:
 def _adam(cfg: Any, weight_decay: Any) -> Transform:
     import re
 
-    from gradpipe.pipeline import variable_path
+    from gradpipe.names import variable_path
 
     lr, beta_1, beta_2 = hyper(cfg.learning_rate), hyper(cfg.beta_1), hyper(cfg.beta_2)
     exclude = getattr(cfg, "exclude_from_weight_decay", ())

@@ -52,6 +52,29 @@ class TestErrors:
         text = str(info.value)
         assert f"{path}:9: transforms[0].clip_norm: must be > 0, got -1.0" in text
 
+    def test_invalid_variable_patterns_are_found_with_the_file(self, write_toml):
+        """Regular expressions are compiled when the file is read, not at the first step."""
+        path = write_toml("""
+            [pipeline]
+            freeze = ["emb[edding"]
+
+            [[transforms]]
+            kind = "adamw"
+            exclude_from_weight_decay = ["(bias"]
+            variables = ["*kernel"]
+        """)
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse(path)
+        found = problems(info.value)
+        assert found["pipeline.freeze"] == (
+            2, "item 0: invalid regular expression 'emb[edding': unterminated character "
+               "set at position 3")
+        assert found["transforms[0].exclude_from_weight_decay"][0] == 6
+        assert "invalid regular expression '(bias'" in \
+            found["transforms[0].exclude_from_weight_decay"][1]
+        assert found["transforms[0].variables"][0] == 7
+        assert "invalid regular expression '*kernel'" in found["transforms[0].variables"][1]
+
     def test_syntax_error_has_line(self, write_toml):
         """A TOML syntax error is a ConfigError with the line of the mistake."""
         path = write_toml('[[transforms]]\nkind = "sgd"\nlearning_rate = = 1\n')

@@ -116,13 +116,16 @@ TABLE = {"loss_scale": {"kind": "dynamic", "initial_loss_scale": 256.0},
                         {"kind": "adam", "learning_rate": 0.05}]}
 
 
-def train(placement, x, y):
+def train(placement, x, y, *, lazy=False, function=True):
+    """Train on (x, y); ``lazy``: the first apply_gradients, inside strategy.run,
+    builds the pipeline; ``function``: the replica step runs in a tf.function."""
     pipe = gradpipe.build({**TABLE, "placement": placement})
     strategy = pipe.strategy
     with strategy.scope():
         w = tf.Variable(tf.zeros([3, 1]))
         b = tf.Variable(0.0)
-    pipe.build([w, b])
+    if not lazy:
+        pipe.build([w, b])
     n = strategy.num_replicas_in_sync
 
     def step(xb, yb):
@@ -131,10 +134,30 @@ def train(placement, x, y):
         grads = tape.gradient(loss, [w, b])
         return pipe.apply_gradients(zip(grads, [w, b]))
 
-    run = tf.function(lambda xb, yb: strategy.run(step, (xb, yb)))
+    def run(xb, yb):
+        return strategy.run(step, (xb, yb))
+
+    run = tf.function(run) if function else run
     for xs, ys in zip(x, y):
         run(per_replica(strategy, np.split(xs, n)), per_replica(strategy, np.split(ys, n)))
     return pipe, strategy, w, b
+
+
+@pytest.mark.parametrize("function", [True, False], ids=["tf.function", "eager"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_first_apply_inside_strategy_run_builds_the_pipeline(replicas, reduction, function):
+    """A pipeline never built, first used inside strategy.run (as Keras 3 optimizers
+    are), ends bit for bit where one built beforehand ends."""
+    x, y = linear_problem()
+    placement = {"kind": "mirrored", "devices": CPUS[:replicas], "reduction": reduction}
+    lazy, strategy, w, b = train(placement, x, y, lazy=True, function=function)
+    _, _, w0, b0 = train(placement, x, y, function=function)
+    for copy, copy0 in zip(local(strategy, w), local(strategy, w0)):
+        assert_close(copy, copy0, rtol=0, atol=0)
+    assert_close(local(strategy, b), local(strategy, b0), rtol=0, atol=0)
+    assert int(lazy.iterations.numpy()) == len(x)
+    assert lazy.layout()["slots/1_adam/mu/Variable"] == [3, 1]
 
 
 def test_mirrored_pipeline_equals_single_device_on_the_whole_batch():
@@ -206,15 +229,19 @@ def _free_ports(n):
     return ports
 
 
-def test_multi_worker_two_processes(tmp_path):
-    """Two workers on localhost end identical, and equal a single run on the global batch."""
+@pytest.mark.parametrize("lazy", [False, True], ids=["built", "built-on-first-apply"])
+def test_multi_worker_two_processes(tmp_path, lazy):
+    """Two workers on localhost end identical, and equal a single run on the global
+    batch, whether the pipeline is built beforehand or by its first apply_gradients."""
     script = str(ROOT / "tests" / "workers" / "multi_worker_train.py")
+    flags = ["--lazy"] if lazy else []
     workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
     procs = []
     for index in range(2):
         env = {**os.environ, "TF_CONFIG": json.dumps(
             {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})}
-        procs.append(subprocess.Popen([sys.executable, script, str(tmp_path / f"{index}.json")],
+        procs.append(subprocess.Popen([sys.executable, script, *flags,
+                                       str(tmp_path / f"{index}.json")],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     try:

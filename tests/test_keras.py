@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import gradpipe
 from conftest import assert_close
@@ -24,9 +25,9 @@ def model(dtype=None):
                              keras.layers.Dense(1, dtype="float32")])
 
 
-def fit(m, optimizer, jit=False, epochs=2, **kwargs):
+def fit(m, optimizer, jit=False, epochs=2, y=Y, **kwargs):
     m.compile(optimizer=optimizer, loss="mse", jit_compile=jit)
-    m.fit(X, Y, batch_size=32, epochs=epochs, verbose=0, shuffle=False, **kwargs)
+    m.fit(X, y, batch_size=32, epochs=epochs, verbose=0, shuffle=False, **kwargs)
     return m
 
 
@@ -63,6 +64,41 @@ def test_fit_matches_loss_scale_optimizer_under_mixed_float16():
         assert_close(weights(ours), weights(native), rtol=0, atol=1e-6)
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+class LossScales(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.scales = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.scales.append(float(self.model.optimizer.dynamic_scale))
+
+
+def test_mixed_float16_without_a_loss_scale_adds_the_one_compile_would_add():
+    """No [loss_scale] under mixed_float16: Keras's dynamic LossScaleOptimizer defaults,
+    said once. Gradients scaled by 2**15 overflow float16 at first: the scale backs
+    off on the same steps as Keras's, and the weights end the same."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        native, native_scales = model(), LossScales()
+        fit(native, keras.optimizers.Adam(0.01), y=Y * 300, callbacks=[native_scales])
+        assert isinstance(native.optimizer, keras.optimizers.LossScaleOptimizer)
+        pipe = gradpipe.build({"transforms": [{"kind": "adam", "learning_rate": 0.01}]})
+        ours, our_scales = model(), LossScales()
+        with pytest.warns(UserWarning, match=(
+                r'has no \[loss_scale\]; it uses keras\'s default, as compile\(\) would: '
+                r'\[loss_scale\] kind = "dynamic", initial_loss_scale = 32768\.0, '
+                r"increment_period = 2000, min_loss_scale = 0\.0\. Put a \[loss_scale\] "
+                r"table in the pipeline file to choose")):
+            fit(ours, pipe.keras_optimizer(), y=Y * 300, callbacks=[our_scales])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert our_scales.scales == native_scales.scales
+    assert our_scales.scales[:8] == [2.0**k for k in range(14, 6, -1)]  # 8 steps skipped
+    assert int(pipe.skipped_steps.numpy()) == 8
+    assert_close(weights(ours), weights(native), rtol=0, atol=1e-6)
+    assert "[loss_scale]" in pipe.to_toml()  # a .keras file rebuilds it with the scaler
 
 
 def test_save_load_and_continue_identically(tmp_path):
@@ -127,10 +163,101 @@ def test_fit_under_mirrored_equals_one_device():
     assert_close(weights(m), weights(single), rtol=1e-5, atol=1e-5)
 
 
-def test_learning_rate_is_read_from_the_pipeline():
+def test_a_scheduled_learning_rate_is_read_and_cannot_be_set():
     pipe = gradpipe.build({"transforms": [{"kind": "sgd", "learning_rate": {
         "kind": "linear", "start": 0.1, "end": 0.0, "steps": 10}}]})
     optimizer = pipe.keras_optimizer()
     assert float(optimizer.learning_rate) == pytest.approx(0.1)
-    with pytest.raises(GradpipeError, match="use a schedule there"):
+    with pytest.raises(GradpipeError, match=(
+            r"cannot be set: transforms\[0\]\.learning_rate follows a schedule; a scheduled "
+            r"rate cannot be set \(Keras refuses too, for a LearningRateSchedule\)")):
         optimizer.learning_rate = 0.5
+    assert "learning_rate" not in pipe.named_variables()
+
+
+def lr_callbacks():
+    """Halve the rate from the second epoch on; halve it again on every plateau."""
+    return [keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.5 if epoch else lr),
+            keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0,
+                                              min_delta=10.0)]
+
+
+def test_learning_rate_callbacks_match_keras_adam(tmp_path):
+    """LearningRateScheduler and ReduceLROnPlateau set a constant pipeline rate as they set
+    Adam's: the same rate every epoch (history["learning_rate"]) and the same weights;
+    the rate is optimizer state, so .keras files keep it."""
+    native = model()
+    native.compile(optimizer=keras.optimizers.Adam(0.01, global_clipnorm=1.0), loss="mse")
+    expected = native.fit(X, Y, batch_size=32, epochs=4, verbose=0, shuffle=False,
+                          callbacks=lr_callbacks()).history["learning_rate"]
+    pipe = gradpipe.build(CLIP_ADAM)
+    ours = model()
+    ours.compile(optimizer=pipe.keras_optimizer(), loss="mse")
+    rates = ours.fit(X, Y, batch_size=32, epochs=4, verbose=0, shuffle=False,
+                     callbacks=lr_callbacks()).history["learning_rate"]
+    assert rates == expected and rates[-1] < rates[1] < rates[0]  # both callbacks acted
+    assert_close(weights(ours), weights(native), rtol=0, atol=1e-6)
+    ours.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    # the last plateau halved the rate after the epoch's log: as Keras's Adam holds it
+    current = float(native.optimizer.learning_rate)
+    assert float(ours.optimizer.learning_rate) == current == rates[-1] / 2
+    assert float(loaded.optimizer.learning_rate) == current
+    for m in (ours, loaded, native):
+        m.fit(X, Y, batch_size=32, epochs=1, verbose=0, shuffle=False)
+    assert_close(weights(loaded), weights(ours), rtol=0, atol=0)
+    assert_close(weights(ours), weights(native), rtol=0, atol=1e-6)
+
+
+def test_custom_loop_sets_the_rate_and_checkpoints_keep_it(tmp_path):
+    """pipe.learning_rate = x: sgd moves by x * g from the next step on; a checkpoint
+    restores the rate that was set, not the file's."""
+    pipe = gradpipe.build({"transforms": [{"kind": "sgd", "learning_rate": 0.5}]})
+    var = tf.Variable([1.0, 2.0])
+    step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
+    step(tf.constant([1.0, 1.0]))
+    pipe.learning_rate = 0.25
+    step(tf.constant([1.0, 1.0]))
+    np.testing.assert_array_equal(var.numpy(), [1.0 - 0.5 - 0.25, 2.0 - 0.5 - 0.25])
+    assert step.experimental_get_tracing_count() == 1  # no retrace
+    assert float(pipe.learning_rate) == 0.25
+    path = tf.train.Checkpoint(pipeline=pipe).save(str(tmp_path / "ck"))
+    clone = gradpipe.build({"transforms": [{"kind": "sgd", "learning_rate": 0.5}]})
+    tf.train.Checkpoint(pipeline=clone).restore(path)
+    assert float(clone.learning_rate) == 0.25
+
+
+@pytest.mark.parametrize("table, value, message", [
+    (CLIP_ADAM, -1.0, r"transforms\[1\]\.learning_rate = -1\.0 is not valid for adam: "
+                      r"must be >= 0, got -1\.0"),
+    (CLIP_ADAM, 1e30, r"transforms\[1\]\.learning_rate = 1e\+30 is beyond the bound under "
+                      r"which adam proves its updates finite"),
+    (CLIP_ADAM, float("nan"), "must be finite, got nan"),
+    (CLIP_ADAM, keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9),
+     "must be set to a number, got ExponentialDecay; a schedule belongs in the pipeline file"),
+    ({"transforms": [{"kind": "adam", "learning_rate": 0.1, "variables": ["kernel"]},
+                     {"kind": "sgd", "learning_rate": 0.2, "exclude": ["kernel"]}]}, 0.1,
+     r"its update rules have different learning rates \(transforms\[0\]\.learning_rate = "
+     r"0\.1, transforms\[1\]\.learning_rate = 0\.2\)"),
+])
+def test_setting_a_rate_it_cannot_take_is_a_clear_error(table, value, message):
+    pipe = gradpipe.build(table)
+    before = float(pipe.learning_rate)
+    with pytest.raises(GradpipeError, match=message):
+        pipe.learning_rate = value
+    assert float(pipe.learning_rate) == before
+
+
+def test_tf_keras_callbacks_set_the_rate_through_the_validated_setter():
+    """tf-keras's callbacks read optimizer.lr with backend.get_value and assign it with
+    backend.set_value: both reach the pipeline, and a bad rate is refused there too."""
+    import tf_keras
+
+    pipe = gradpipe.build(CLIP_ADAM)
+    optimizer = pipe.keras_optimizer(keras="tf_keras")
+    assert tf_keras.backend.get_value(optimizer.lr) == np.float32(0.01)
+    tf_keras.backend.set_value(optimizer.lr, 0.005)
+    assert float(pipe.learning_rate) == np.float32(0.005)
+    with pytest.raises(GradpipeError, match="beyond the bound under which adam proves"):
+        tf_keras.backend.set_value(optimizer.lr, 1e30)
+    assert float(tf.convert_to_tensor(optimizer.learning_rate)) == np.float32(0.005)

@@ -90,7 +90,8 @@ def test_a_bad_pack_variables_value_is_a_config_error():
 @pytest.mark.parametrize("table, reason", [
     ({"transforms": [{"kind": "adamw"}]}, "adamw do not declare elementwise"),
     (_with(CLIP_ADAM, freeze=["Variable"]), "freeze"),
-    ({"transforms": [{"kind": "adam", "exclude": ["Variable"]}]}, "exclude"),
+    ({"transforms": [{"kind": "clip_by_global_norm", "clip_norm": 1.0, "exclude": ["Variable"]},
+                     {"kind": "adam"}]}, "exclude"),
 ])
 def test_pack_true_names_what_prevents_it(table, reason):
     with pytest.raises(GradpipeError, match=reason):

@@ -212,17 +212,61 @@ def test_scheduled_weight_decay_under_xla():
 
 def test_variables_and_freeze_patterns():
     """`variables` limits a transform; `freeze` leaves variables untouched."""
-    actual, _ = pipe_run([{"kind": "sgd", "learning_rate": 0.1, "variables": ["kernel"]}])
-    np.testing.assert_array_equal(actual[1], INIT[1])  # bias not selected: no update
+    actual, _ = pipe_run([{"kind": "sgd", "learning_rate": 0.1, "variables": ["kernel"]}],
+                         pipeline={"freeze": ["bias"]})
+    np.testing.assert_array_equal(actual[1], INIT[1])  # frozen: no update
+    assert not np.array_equal(actual[0], INIT[0])
     actual, _ = pipe_run([{"kind": "sgd", "learning_rate": 0.1}],
                          pipeline={"freeze": ["kernel"]})
     np.testing.assert_array_equal(actual[0], INIT[0])
     assert not np.array_equal(actual[1], INIT[1])
 
 
+def test_a_variable_no_update_rule_selects_is_an_error_naming_both_fixes(write_toml):
+    """Keras's exclude_from_weight_decay still updates biases: `exclude` on adamw
+    would freeze them forever, so it is refused at build, with the way to say each."""
+    path = write_toml("""
+        [[transforms]]
+        kind = "clip_by_global_norm"
+        clip_norm = 1.0
+
+        [[transforms]]
+        kind = "adamw"
+        exclude = ["bias"]
+    """)
+    pipe = gradpipe.load(path)
+    kernel, bias = tf.Variable(INIT[0], name="kernel"), tf.Variable(INIT[1], name="bias")
+    with pytest.raises(ConfigError) as info:
+        pipe.build([kernel, bias])
+    assert info.value.path == "transforms[1].exclude" and info.value.line == 7
+    assert str(info.value) == (
+        f"{path}:7: transforms[1].exclude: no update rule updates bias, so it would never "
+        'change: adamw at transforms[1] excludes it (exclude = ["bias"]). To spare it '
+        'only the weight decay, write exclude_from_weight_decay = ["bias"] on adamw '
+        "instead of exclude; to freeze it on purpose, list it in [pipeline] freeze")
+    # both fixes build
+    fixed = gradpipe.build({"transforms": [
+        {"kind": "adamw", "exclude_from_weight_decay": ["bias"]}]})
+    fixed.build([kernel, bias])
+    gradpipe.build({"pipeline": {"freeze": ["bias"]}, "transforms": [
+        {"kind": "adamw", "exclude": ["bias"]}]}).build([kernel, bias])
+
+
+def test_variables_selected_by_no_rule_name_each_rule():
+    pipe = gradpipe.build({"transforms": [{"kind": "adam", "variables": ["kernel"]},
+                                          {"kind": "sgd", "exclude": ["kernel", "bias"]}]})
+    with pytest.raises(ConfigError, match=(
+            r"no update rule updates bias, so it would never change: adam at transforms\[0\] "
+            r'does not include it \(variables = \["kernel"\]\); sgd at transforms\[1\] '
+            r'excludes it \(exclude = \["bias"\]\)\. To freeze it on purpose')):
+        pipe.build([tf.Variable(INIT[0], name="kernel"), tf.Variable(INIT[1], name="bias")])
+
+
 @pytest.mark.parametrize("where, extra", [
     ("transforms[0].variables[0]", {"transforms": [{"kind": "sgd", "variables": ["nope"]}]}),
     ("pipeline.freeze[0]", {"pipeline": {"freeze": ["nope"]}, "transforms": [{"kind": "sgd"}]}),
+    ("transforms[0].exclude_from_weight_decay[0]",
+     {"transforms": [{"kind": "adamw", "exclude_from_weight_decay": ["nope"]}]}),
 ])
 def test_pattern_matching_nothing_is_an_error(where, extra):
     var = tf.Variable([1.0], name="kernel")

@@ -42,13 +42,12 @@ def main() -> None:
     w = tf.Variable(rng.normal(size=(4, 8)).astype("f4"), name="w")
     v = tf.Variable(rng.normal(size=(8, 1)).astype("f4"), name="v")
     step = tf.Variable(0, dtype=tf.int64, name="step")
-    pipe.build([w, v])
+    # The pipeline is never built here: a resumed run restores into it before its
+    # state exists, and its first apply_gradients, inside train, builds it restored.
     ckpt = tf.train.Checkpoint(pipeline=pipe, w=w, v=v, step=step)
     manager = tf.train.CheckpointManager(ckpt, ckpt_dir, max_to_keep=2)
     if manager.latest_checkpoint:
-        pipe.restore(manager.latest_checkpoint)
-        tf.train.Checkpoint(w=w, v=v, step=step).restore(manager.latest_checkpoint) \
-            .expect_partial()
+        ckpt.restore(manager.latest_checkpoint)
 
     @tf.function
     def train(xb, yb, poison):

@@ -1,8 +1,10 @@
 """One worker of a two-process MultiWorkerMirroredStrategy run (TF_CONFIG from the parent).
 
-Usage: python multi_worker_train.py OUT.json   (or --single OUT.json for the reference)
-Trains linear regression with a gradpipe pipeline for STEPS steps, each worker on
-its own half of every global batch, and writes the final weights as JSON.
+Usage: python multi_worker_train.py [--lazy] OUT.json   (or --single OUT.json for the
+reference). Trains linear regression with a gradpipe pipeline for STEPS steps, each
+worker on its own half of every global batch, and writes the final weights as JSON.
+With --lazy the pipeline is not built beforehand: its first apply_gradients, inside
+strategy.run, builds it.
 """
 
 import json
@@ -29,6 +31,7 @@ def data():
 
 def main() -> None:
     single = sys.argv[1] == "--single"
+    lazy = "--lazy" in sys.argv
     out = sys.argv[-1]
     placement = {"kind": "default"} if single else {"kind": "multi_worker"}
     pipe = gradpipe.build({"placement": placement,
@@ -38,7 +41,8 @@ def main() -> None:
     with strategy.scope():
         w = tf.Variable(tf.zeros([FEATURES, 1]), name="w")
         b = tf.Variable(0.0, name="b")
-    pipe.build([w, b])
+    if not lazy:
+        pipe.build([w, b])
     x, y = data()
     task = 0 if single else json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     shards = 1 if single else 2
