@@ -114,6 +114,34 @@ def test_save_load_and_continue_identically(tmp_path):
     assert_close(weights(loaded), weights(m), rtol=0, atol=0)
 
 
+def test_a_new_process_loads_the_model_after_importing_gradpipe_keras(tmp_path):
+    """Keras resolves gradpipe>PipelineOptimizer only once it is registered: a script
+    that only loads imports gradpipe.keras first, and training continues exactly."""
+    import subprocess
+    import sys
+
+    m = fit(model(), gradpipe.build(CLIP_ADAM).keras_optimizer())
+    m.save(tmp_path / "m.keras")
+    m.fit(X, Y, batch_size=32, epochs=1, verbose=0, shuffle=False)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", Y)
+    code = f"""
+import numpy as np, keras
+import gradpipe.keras
+m = keras.models.load_model({str(tmp_path / "m.keras")!r})
+assert type(m.optimizer).__name__ == "PipelineOptimizer", type(m.optimizer)
+m.fit(np.load({str(tmp_path / "x.npy")!r}), np.load({str(tmp_path / "y.npy")!r}),
+      batch_size=32, epochs=1, verbose=0, shuffle=False)
+np.savez({str(tmp_path / "w.npz")!r}, *m.get_weights())
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = np.load(tmp_path / "w.npz")
+    assert_close([loaded[f"arr_{i}"] for i in range(len(loaded.files))], weights(m),
+                 rtol=0, atol=0)
+
+
 def test_loading_a_different_layout_names_the_difference():
     pipe = gradpipe.build(CLIP_ADAM)
     optimizer = pipe.keras_optimizer()

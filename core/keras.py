@@ -1,0 +1,27 @@
+"""The Keras optimizer class of gradpipe, registered with Keras on import.
+
+A model saved with ``pipe.keras_optimizer()`` names its optimizer class
+``gradpipe>PipelineOptimizer``. Keras resolves such a name only after the
+class is registered, which happens when a process first makes a pipeline's
+Keras optimizer. A script that only loads the model imports this module first::
+
+    import gradpipe.keras  # noqa: F401 (registers the optimizer with Keras)
+    model = keras.models.load_model("model.keras")
+
+It registers the class of the Keras that ``tf.keras`` resolves to: Keras 3, or
+tf-keras under ``TF_USE_LEGACY_KERAS=1``.
+"""
+
+from __future__ import annotations
+
+from .keras_common import which_keras
+
+if which_keras() == "tf_keras":
+    from .tf_keras_adapter import optimizer_class
+else:
+    from .keras_adapter import optimizer_class
+
+#: The registered optimizer class (``gradpipe>PipelineOptimizer``).
+PipelineOptimizer = optimizer_class()
+
+__all__ = ["PipelineOptimizer"]
