@@ -5,6 +5,7 @@ Importing gradpipe does not import TensorFlow; building a pipeline does.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from .api import build, create, load, parse
@@ -14,7 +15,7 @@ from .hookspecs import PLUGIN_API_VERSION, hookimpl, hookspec
 from .transform import Transform, hyper, map_grads, no_state, one_minus, schedule, shared
 
 if TYPE_CHECKING:
-    from .pipeline import Pipeline
+    from ._engine.pipeline import Pipeline
 
 __version__ = "0.1.0"
 
@@ -45,10 +46,19 @@ __all__ = [
 ]
 
 
+#: Public modules, imported on first use as attributes of ``gradpipe`` (``gradpipe.plugin``,
+#: ``gradpipe.testing``, ``gradpipe.keras``): ``import gradpipe`` stays free of TensorFlow.
+PUBLIC_MODULES = ("capabilities", "convergence", "distribute", "entry_points", "errors",
+                  "fields", "hookspecs", "keras", "names", "plugin", "registry", "spec",
+                  "tensors", "testing", "transform")
+
+
 def __getattr__(name: str) -> Any:
     # Pipeline imports TensorFlow; load it only when it is asked for.
     if name == "Pipeline":
-        from .pipeline import Pipeline
+        from ._engine.pipeline import Pipeline
 
         return Pipeline
+    if name in PUBLIC_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'gradpipe' has no attribute {name!r}")

@@ -6,13 +6,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .build import create
+from .components import create
 from .config import parse_mapping
 from .spec import PipelineSpec
 from .toml_source import read_file
 
 if TYPE_CHECKING:
-    from .pipeline import Pipeline
+    from ._engine.pipeline import Pipeline
 
 __all__ = ["build", "create", "load", "parse"]
 
@@ -40,6 +40,6 @@ def build(mapping: Mapping[str, Any] | PipelineSpec) -> Pipeline:
 
 
 def _build_spec(spec: PipelineSpec) -> Pipeline:
-    from .pipeline import Pipeline
+    from ._engine.pipeline import Pipeline
 
     return Pipeline(spec)

@@ -1,7 +1,8 @@
 """The ``gradpipe`` command line.
 
 ``plugins`` and ``check`` never import TensorFlow, so they answer in well
-under a second; ``run`` imports it only once the file is known to be valid.
+under a second; ``run`` and ``check --plan`` import it only once the file is
+known to be valid.
 """
 
 from __future__ import annotations
@@ -10,10 +11,16 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
 from .errors import ConfigError, GradpipeError
+
+#: The built-in problems' own step counts (a test holds this to the problems).
+DEFAULT_STEPS_HELP = ("quadratic 500, noisy_quadratic 1000, rosenbrock 3000, "
+                      "logistic_regression 1000, mlp_classifier 2000; a plugin's problem "
+                      "without default_steps 500")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="include built-in plugins")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--hook", metavar="NAME", help="only plugins implementing this hook")
+    p.add_argument("--traceback", action="store_true",
+                   help="print the full traceback of each plugin that failed "
+                        "(also GRADPIPE_PLUGIN_TRACEBACKS=1)")
     p.set_defaults(func=cmd_plugins)
 
     p = sub.add_parser("check", help="validate a pipeline file")
@@ -55,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--resolved", action="store_true",
                    help="print only the resolved TOML (defaults and [lock] filled in)")
+    p.add_argument("--plan", action="store_true",
+                   help="build the pipeline (imports TensorFlow) and print how its step "
+                        "runs, with a reason for each choice")
+    p.add_argument("--problem", help="with --plan: plan for this problem's variables "
+                                     "(default: the file's [problem])")
+    p.add_argument("--shapes", metavar="SHAPES",
+                   help="with --plan: plan for float32 variables of these shapes, "
+                        "e.g. 784x256,256,256x10,10")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("schedule", help="evaluate (and plot) the schedules of a file")
@@ -75,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a pipeline on a built-in problem")
     p.add_argument("file")
     p.add_argument("--problem", help="problem name (default: the file's [problem])")
-    p.add_argument("--steps", type=int, default=None, help="number of calls (default 500)")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"number of steps (default: the problem's own: {DEFAULT_STEPS_HELP})")
     p.add_argument("--seed", type=int, default=0, help="TensorFlow random seed")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--plot", metavar="PNG", help="draw loss, learning rate and loss scale")
@@ -120,13 +139,14 @@ def import_tensorflow_quietly(spec: Any = None) -> None:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    from .entry_points import KIND_HOOKS, env_flag
     from .registry import get_registry
 
     registry = get_registry().load_all()
+    full = args.traceback or env_flag("GRADPIPE_PLUGIN_TRACEBACKS")
     records = [r for r in registry.plugins if args.all or not r.builtin]
     if args.hook:
         from .errors import did_you_mean
-        from .registry import KIND_HOOKS
 
         if args.hook not in KIND_HOOKS.values():
             raise GradpipeError(f"unknown hook {args.hook!r}"
@@ -146,8 +166,13 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         for kind, names in sorted(r.components.items()):
             print(f"    {kind:12s} {', '.join(names)}")
         if r.status == "failed":
+            if r.location:
+                print(f"    at {r.location}")
+            if r.traceback and full:
+                print(textwrap.indent(r.traceback.rstrip(), "    | "))
             print(f"    fix: upgrade or uninstall {r.provider.dist}, or set "
-                  f"GRADPIPE_DISABLED_PLUGINS={r.provider.entry_point}")
+                  f"GRADPIPE_DISABLED_PLUGINS={r.provider.entry_point}"
+                  + ("" if full else "; --traceback shows the full traceback"))
     return 0
 
 
@@ -155,7 +180,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .api import parse
 
     spec = parse(args.file)
-    if args.json:
+    if args.plan:
+        from .runner import plan_problem
+
+        shapes = _shapes(args.shapes) if args.shapes else None
+        import_tensorflow_quietly(spec)
+        plan = plan_problem(spec, problem=args.problem, shapes=shapes)
+        print(json.dumps({"ok": True, "plan": plan}, indent=2) if args.json else plan)
+    elif args.json:
         print(json.dumps({"ok": True, "pipeline": spec.to_mapping()}, indent=2))
     elif args.resolved:
         print(spec.to_toml(), end="")
@@ -163,6 +195,17 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"# {args.file}: OK. Resolved pipeline, defaults filled in:")
         print(spec.to_toml(), end="")
     return 0
+
+
+def _shapes(text: str) -> list[list[int]]:
+    try:
+        shapes = [[int(d) for d in part.split("x")] for part in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(d <= 0 for s in shapes for d in s):
+        raise GradpipeError(f"--shapes {text!r}: give variable shapes as dimensions "
+                            "joined by x, separated by commas: 784x256,256,256x10,10")
+    return shapes
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
@@ -226,7 +269,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _with_placement(spec: Any, kind: str) -> Any:
     import attrs
 
-    from .build import component_spec
+    from .components import component_spec
 
     return attrs.evolve(spec, placement=component_spec("placement", {"kind": kind}))
 

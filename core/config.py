@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from .entry_points import BUILTIN_DIST
 from .errors import ConfigError, PluginError, Problem, did_you_mean
 from .fields import (
     HYPER,
@@ -98,26 +99,34 @@ def parse_mapping(
     return spec
 
 
+#: What a user who put a built-in in the wrong place may have meant.
+_BUILTIN_ALTERNATIVES = {
+    (BUILTIN_DIST, "weight_decay"): "; for decay added to the gradient before the update "
+                                    "rule, use 'l2'",
+}
+
+
 def _check_chain(transforms: list[ComponentSpec], out: _Collector) -> None:
-    """Rules between transforms, declared by their config classes.
+    """Rules between transforms, from the capabilities their plugins declared.
 
     ``conflicts = {name: reason}``: the transform cannot share a pipeline with
-    ``name``. ``after_update_rule = True``: it must follow a transform whose
-    config says ``update_rule = True``.
+    ``name``. ``after_update_rule``: it must follow an ``update_rule``.
     """
     names = {t.name: t for t in transforms}
     seen_update_rule = False
     for t in transforms:
-        cls = type(t.config)
-        for other, reason in getattr(cls, "conflicts", {}).items():
+        for other, reason in t.capabilities.conflicts.items():
             if other in names:
                 out.add(f"{t.path}.kind", f"{t.name!r} cannot be combined with {other!r} "
                         f"at {names[other].path}: {reason}")
-        if getattr(cls, "after_update_rule", False) and not seen_update_rule:
-            out.add(f"{t.path}.kind", f"{t.name!r} must come after an update rule such as "
-                    "'sgd' or 'adam' (decoupled decay); for decay added to the gradient "
-                    "use 'l2'")
-        seen_update_rule = seen_update_rule or getattr(cls, "update_rule", False)
+        if t.capabilities.after_update_rule and not seen_update_rule:
+            rules = [f"{r.path} ({r.name!r})" for r in transforms if r.capabilities.update_rule]
+            where = (f"move it below {rules[0]}" if rules else
+                     "add an update rule such as 'sgd' or 'adam' before it")
+            out.add(f"{t.path}.kind", f"{t.name!r} changes the step an update rule computed "
+                    f"(its plugin declares after_update_rule), so it must come after one: "
+                    f"{where}{_BUILTIN_ALTERNATIVES.get((t.dist, t.name), '')}")
+        seen_update_rule = seen_update_rule or t.capabilities.update_rule
 
 
 def _check_requirements(require: tuple[str, ...], out: _Collector) -> None:
@@ -261,7 +270,8 @@ class _SpecBuilder:
             return None
         return ComponentSpec(kind=kind, name=comp.name, config=config, path=path,
                              dist=comp.provider.dist, version=comp.provider.version,
-                             extra=extra, qualified=">" in name)
+                             extra=extra, qualified=">" in name,
+                             capabilities=comp.capabilities)
 
     def config(self, cls: type, table: Mapping[str, Any], path: str,
                extra_keys: Any = ()) -> Any:

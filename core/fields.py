@@ -251,3 +251,67 @@ def field_types(cls: type) -> dict[str, Any]:
     with contextlib.suppress(TypeError, AttributeError):
         type.__setattr__(cls, "__gradpipe_types__", types)
     return dict(types)
+
+
+def config_class_problems(cls: type) -> list[str]:
+    """What is wrong with a config class's defaults and ``example``, checked the way a
+    TOML value is (type, then validator): a plugin's mistake found when it registers,
+    not blamed on a user's file later."""
+    types = field_types(cls)
+    fields = {f.name: f for f in attrs.fields(cls)}
+    problems = []
+    for name, field in fields.items():
+        default = field.default
+        if default is attrs.NOTHING:
+            continue
+        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+            if default.takes_self:
+                continue
+            default = default.factory()
+        problem = _value_problem(field, types[name], default)
+        if problem:
+            problems.append(f"the default of {name!r} {problem}")
+    example = getattr(cls, "example", {})
+    if not isinstance(example, dict):
+        return [*problems, f"example must be a dict of keys to values, got {example!r}"]
+    for name, value in example.items():
+        if name not in fields:
+            problems.append(f"example sets {name!r}, which is not a key"
+                            f"{did_you_mean(str(name), fields)}")
+            continue
+        problem = _value_problem(fields[name], types[name], value)
+        if problem:
+            problems.append(f"example[{name!r}] {problem}")
+    missing = [n for n, f in fields.items() if f.default is attrs.NOTHING and n not in example]
+    if missing:
+        problems.append(f"required {', '.join(map(repr, missing))} but no example value: "
+                        "declare `example: ClassVar[dict] = {...}`")
+    return problems
+
+
+def _value_problem(field: Any, tp: Any, value: Any) -> str | None:
+    """Why ``value`` (a Python default or example value) would fail as a TOML value."""
+    if value is None:  # "not set": TOML has no null, so no user value is compared to it
+        return None
+    if field.metadata.get(SCHEDULE):
+        return None  # schedule tables: checked when a pipeline builds them
+    if field.metadata.get(HYPER):
+        if isinstance(value, dict) or (isinstance(value, str) and value.startswith("@")):
+            return None  # a schedule: checked when a pipeline builds it
+        tp = float
+    try:
+        check_type(tp, _as_toml(value))
+        if field.validator is not None:
+            field.validator(None, field, value)
+    except Invalid as exc:
+        return str(exc)
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
+def _as_toml(value: Any) -> Any:
+    """A Python default as TOML would give it (tuples are arrays)."""
+    if isinstance(value, (tuple, list)):
+        return [_as_toml(v) for v in value]
+    return value

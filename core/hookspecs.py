@@ -1,8 +1,8 @@
 """Hook specifications: the whole plugin API of gradpipe in one module.
 
-A plugin is a module (or object) with functions marked ``@gradpipe.hookimpl``
-whose names match the specs below, published through an entry point in the
-group ``gradpipe``::
+A plugin is a module (or object) with functions marked
+``@gradpipe.plugin.hookimpl`` whose names match the specs below, published
+through an entry point in the group ``gradpipe``::
 
     # pyproject.toml of your distribution
     [project.entry-points.gradpipe]
@@ -25,30 +25,30 @@ training step. Implementations may accept fewer arguments than the specs, so
 specs only ever grow by appending parameters.
 
 Keep TensorFlow out of the import path of a plugin module: import it inside
-factories (or use ``gradpipe.lazy_tf``) so that ``gradpipe plugins`` and
-``gradpipe check`` stay fast.
+factories and ``update`` functions, so that ``gradpipe plugins`` and
+``gradpipe check`` stay fast. Everything a plugin imports from gradpipe is in
+``gradpipe.plugin``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pluggy
 
 PROJECT_NAME = "gradpipe"
 
 #: The plugin API this gradpipe provides. A plugin module may declare the API it
-#: was built for as ``GRADPIPE_PLUGIN_API = 1``; a different value is refused at
+#: was built for as ``GRADPIPE_PLUGIN_API = 2``; a different value is refused at
 #: load time with a message naming both. Specs only grow compatibly within a
 #: version (new hooks, appended arguments).
-PLUGIN_API_VERSION = 1
+PLUGIN_API_VERSION = 2
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
-#: ``register(name, factory, config_cls)``
-RegisterFn = Callable[[str, Callable[..., Any], type], None]
+#: ``register(name, factory, config_cls, *, capabilities=None, kernel=None)``
+RegisterFn = Callable[..., None]
 
 
 # -- component registration -------------------------------------------------
@@ -60,8 +60,8 @@ def gradpipe_register_transforms(register: RegisterFn) -> None:
 
     Called once while the registry is built, after the plugin is imported.
 
-    A transform factory returns a :class:`gradpipe.Transform`, a pair of
-    functions over TensorFlow tensors:
+    A transform factory returns a :class:`gradpipe.plugin.Transform`, a pair
+    of functions over TensorFlow tensors:
 
     * ``init(variables) -> state``: the initial state, a nest of tensors;
     * ``update(grads, state, variables) -> (updates, state)``.
@@ -72,23 +72,29 @@ def gradpipe_register_transforms(register: RegisterFn) -> None:
     transform of a chain produces the update that is subtracted from each
     variable (``var -= update``).
 
-    :param register: ``register(name, factory, config_cls)``.
+    Two optional keywords: ``capabilities=Capabilities(...)`` declares what the
+    engine cannot find out (``update_rule``, ``after_update_rule``,
+    ``gradient_clipping``, ``conflicts``); ``kernel(config) ->
+    apply(grads, slots, variables) -> ops`` is the update and ``var -= update``
+    done in place by fused kernels (``slots``: the state as ``tf.Variable``s).
+
+    :param register: ``register(name, factory, config_cls, *, capabilities=None,
+        kernel=None)``.
 
     Example::
 
         @attrs.frozen(kw_only=True)
         class ScaleConfig:
-            factor: float = gradpipe.hyperparameter(default=1.0)
+            factor: float = hyperparameter(default=1.0)
 
         def scale(cfg):
-            factor = gradpipe.hyper(cfg.factor)
+            factor = hyper(cfg.factor)
             def update(grads, state, variables):
                 f = factor()
-                return gradpipe.map_grads(lambda g: g * tf.cast(f, g.dtype),
-                                          grads), state
-            return gradpipe.Transform(gradpipe.no_state, update)
+                return map_grads(lambda g: g * tf.cast(f, g.dtype), grads), state
+            return Transform(no_state, update)
 
-        @gradpipe.hookimpl
+        @hookimpl
         def gradpipe_register_transforms(register):
             register("scale", scale, ScaleConfig)
     """
@@ -102,13 +108,15 @@ def gradpipe_register_loss_scalers(register: RegisterFn) -> None:
 
     A loss-scaler factory returns a ``tf.Module`` with ``__call__()`` (the
     current scale, a float32 scalar), ``update(grads) -> (update_op,
-    should_apply_gradients)`` on unscaled gradients, and ``get_config()``.
+    should_apply_gradients)`` on unscaled gradients (accept a keyword
+    ``finite=None`` to reuse the engine's finite check of the same gradients),
+    ``get_config()`` and a classmethod ``from_config(config)``.
 
     :param register: ``register(name, factory, config_cls)``.
 
     Example::
 
-        @gradpipe.hookimpl
+        @hookimpl
         def gradpipe_register_loss_scalers(register):
             register("fixed", FixedLossScale.from_spec, FixedConfig)
     """
@@ -120,15 +128,17 @@ def gradpipe_register_schedules(register: RegisterFn) -> None:
 
     Called once while the registry is built.
 
-    A schedule factory returns a callable ``schedule(step) -> tensor`` that
-    maps a step (any numeric scalar tensor) to a float32 scalar using only
+    A schedule factory returns a callable ``schedule(step) -> tensor``, elementwise
+    over a tensor of steps of any integer or float dtype: a scalar step (each
+    training step) gives a float32 scalar, a vector of steps (``gradpipe
+    schedule``, the contract suite) a float32 vector of the same shape. Only
     TensorFlow ops, so it traces once and never retraces when the step changes.
 
     :param register: ``register(name, factory, config_cls)``.
 
     Example::
 
-        @gradpipe.hookimpl
+        @hookimpl
         def gradpipe_register_schedules(register):
             register("fixed_lr", fixed_lr, FixedLrConfig)
     """
@@ -142,7 +152,9 @@ def gradpipe_register_convergence_criteria(register: RegisterFn) -> None:
 
     A criterion provides ``bootstrap(loss, grads, parameters) -> state``,
     ``one_step(step, loss, grads, parameters, state) -> (has_converged,
-    state)``, ``min_num_steps`` and ``name``.
+    state)``, ``min_num_steps`` and ``name``. Subclass
+    ``gradpipe.plugin.Criterion`` and implement ``_bootstrap`` and
+    ``_one_step`` (the plugin guide shows one).
 
     :param register: ``register(name, factory, config_cls)``.
     """
@@ -154,10 +166,10 @@ def gradpipe_register_placements(register: RegisterFn) -> None:
 
     Called once while the registry is built.
 
-    A placement factory returns an object with a ``strategy`` (a
-    ``tf.distribute.Strategy``), ``num_replicas``, ``loss_divisor`` (how much
-    ``scale_loss`` divides by) and ``reduce(grads)``, which reduces gradients
-    across replicas once, inside a replica context.
+    A placement factory returns a ``gradpipe.plugin.Placement``: an object with
+    a ``strategy`` (a ``tf.distribute.Strategy``), ``num_replicas``,
+    ``loss_divisor`` (how much ``scale_loss`` divides by) and ``reduce(grads)``,
+    which reduces gradients across replicas once, inside a replica context.
 
     :param register: ``register(name, factory, config_cls)``.
     """
@@ -170,8 +182,10 @@ def gradpipe_register_problems(register: RegisterFn) -> None:
     Called once while the registry is built.
 
     A problem factory returns an object with ``variables`` (a list of
-    ``tf.Variable``), ``loss(step) -> tensor``, an optional ``evaluate()``
-    returning a dict of metrics, and ``target`` describing success.
+    ``tf.Variable``), ``loss(step) -> tensor`` (a scalar), and how a run
+    succeeds: ``target_loss`` (a float: the final loss is at most this) or
+    ``succeeded(final_loss) -> bool``. Optional: ``metrics() -> dict`` of
+    numbers added to the run's summary.
 
     :param register: ``register(name, factory, config_cls)``.
     """

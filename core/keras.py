@@ -14,14 +14,15 @@ tf-keras under ``TF_USE_LEGACY_KERAS=1``.
 
 from __future__ import annotations
 
-from .keras_common import which_keras
+from ._engine.keras_common import which_keras
+from ._engine.pipeline import Pipeline
 
 if which_keras() == "tf_keras":
-    from .tf_keras_adapter import optimizer_class
+    from ._engine.tf_keras_adapter import optimizer_class
 else:
-    from .keras_adapter import optimizer_class
+    from ._engine.keras_adapter import optimizer_class
 
 #: The registered optimizer class (``gradpipe>PipelineOptimizer``).
-PipelineOptimizer = optimizer_class()
+PipelineOptimizer = optimizer_class(Pipeline)
 
 __all__ = ["PipelineOptimizer"]

@@ -26,6 +26,11 @@ def variable_path(var: Any) -> str:
     return re.sub(r":\d+$", "", name)
 
 
+def scope_name(i: int, name: str) -> str:
+    """The name scope of transform ``i``'s ops (how XLA errors name a transform)."""
+    return f"transforms_{i}_{name}"
+
+
 def slot_name(path: str) -> str:
     """A checkpoint-safe key for a variable path; ``/`` becomes ``.`` so the path's
     components stay recognisable (``sequential.dense.kernel``)."""
@@ -125,3 +130,29 @@ def matched_layout(expected: dict[str, Any], saved: dict[str, Any]
     matched = match_saved_names(list(expected), list(saved))
     found = {matched.get(name, name): shape for name, shape in saved.items()}
     return matched, layout_difference(expected, found)
+
+
+def leaf_names(state: Any, paths: list[str]) -> tuple[list[str], list[int | None]]:
+    """Readable names for the leaves of a state nest (``mu/dense_kernel``), and the
+    variable each leaf belongs to (an index into ``paths``; ``None``: no one)."""
+    names: list[str] = []
+    owners: list[int | None] = []
+
+    def walk(node: Any, prefix: str, owner: int | None = None) -> None:
+        if isinstance(node, dict):
+            for k in sorted(node):
+                walk(node[k], f"{prefix}{k}/", owner)
+        elif isinstance(node, tuple) and hasattr(node, "_fields"):
+            for field in node._fields:
+                walk(getattr(node, field), f"{prefix}{field}/", owner)
+        elif isinstance(node, (list, tuple)):
+            per_variable = len(node) == len(paths)
+            for i, item in enumerate(node):
+                walk(item, f"{prefix}{paths[i] if per_variable else i}/",
+                     i if per_variable else owner)
+        else:
+            names.append(prefix.rstrip("/") or "value")
+            owners.append(owner)
+
+    walk(state, "")
+    return names, owners

@@ -10,97 +10,24 @@ Nothing here imports TensorFlow: listing and validating stay fast.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Iterator
-from importlib import metadata
+from collections.abc import Callable
 from typing import Any
 
-import attrs
 import pluggy
 
 from . import hookspecs
+from .capabilities import check_registration
+from .entry_points import (
+    BUILTIN_DIST,
+    HOOK_KINDS,
+    component_index,
+    env_flag,
+    env_list,
+    iter_entry_points,
+)
 from .errors import PluginError, did_you_mean
-
-#: The distribution that ships the built-in plugins.
-BUILTIN_DIST = "gradpipe"
-
-#: Component kind -> the hook that registers components of that kind.
-KIND_HOOKS: dict[str, str] = {
-    "transform": "gradpipe_register_transforms",
-    "loss_scale": "gradpipe_register_loss_scalers",
-    "schedule": "gradpipe_register_schedules",
-    "convergence": "gradpipe_register_convergence_criteria",
-    "placement": "gradpipe_register_placements",
-    "problem": "gradpipe_register_problems",
-}
-HOOK_KINDS = {hook: kind for kind, hook in KIND_HOOKS.items()}
-
-
-def _env_list(name: str) -> set[str] | None:
-    raw = os.environ.get(name)
-    if raw is None:
-        return None
-    return {part.strip() for part in raw.split(",") if part.strip()}
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-@attrs.frozen(kw_only=True)
-class Provider:
-    """Where a component or plugin comes from."""
-
-    dist: str
-    version: str
-    entry_point: str
-    value: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.dist} {self.version} (entry point {self.entry_point!r})"
-
-
-@attrs.frozen(kw_only=True)
-class Component:
-    """One registered component: a name bound to a factory and its config."""
-
-    kind: str
-    name: str
-    factory: Callable[..., Any]
-    config_cls: type
-    provider: Provider
-
-
-@attrs.define(kw_only=True)
-class PluginRecord:
-    """The load status of one entry point."""
-
-    provider: Provider
-    status: str  # loaded | failed | blocked | conflict
-    error: str | None = None
-    import_seconds: float = 0.0
-    hooks: list[str] = attrs.Factory(list)
-    components: dict[str, list[str]] = attrs.Factory(dict)
-    attempted: list[str] = attrs.Factory(list)
-
-    @property
-    def builtin(self) -> bool:
-        return self.provider.dist == BUILTIN_DIST
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "distribution": self.provider.dist,
-            "version": self.provider.version,
-            "entry_point": self.provider.entry_point,
-            "module": self.provider.value,
-            "builtin": self.builtin,
-            "status": self.status,
-            "error": self.error,
-            "import_seconds": round(self.import_seconds, 4),
-            "hooks": self.hooks,
-            "components": self.components,
-        }
+from .plugin_records import Component, PluginRecord, Provider, failure, hook_hint
 
 
 class Registry:
@@ -129,13 +56,13 @@ class Registry:
         until a pipeline names one of them (or an unknown name is looked up);
         the others load now.
         """
-        index = _component_index(f"{group}.components") if lazy else {}
+        index = component_index(f"{group}.components") if lazy else {}
         indexed_modules = {(dist, module) for dist, module in index.values()}
-        strict = _env_flag("GRADPIPE_STRICT_PLUGINS")
-        builtins_only = _env_flag("GRADPIPE_DISABLE_PLUGIN_AUTOLOAD")
-        allow = _env_list("GRADPIPE_PLUGINS")
-        block = _env_list("GRADPIPE_DISABLED_PLUGINS") or set()
-        for ep, dist in _iter_entry_points(group):
+        strict = env_flag("GRADPIPE_STRICT_PLUGINS")
+        builtins_only = env_flag("GRADPIPE_DISABLE_PLUGIN_AUTOLOAD")
+        allow = env_list("GRADPIPE_PLUGINS")
+        block = env_list("GRADPIPE_DISABLED_PLUGINS") or set()
+        for ep, dist in iter_entry_points(group):
             provider = Provider(
                 dist=dist.metadata["Name"] or "?",
                 version=dist.version,
@@ -170,7 +97,7 @@ class Registry:
             raise PluginError(f"plugin {provider} failed: {record.error}")
 
     def _load_deferred(self, keys: list[tuple[str, str]]) -> None:
-        strict = _env_flag("GRADPIPE_STRICT_PLUGINS")
+        strict = env_flag("GRADPIPE_STRICT_PLUGINS")
         for key in keys:
             if key in self.deferred:
                 ep, provider = self.deferred.pop(key)
@@ -197,19 +124,22 @@ class Registry:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             record.import_seconds = time.perf_counter() - start
-            return self._fail(record, f"import failed: {type(exc).__name__}: {exc}")
+            return failure(record, f"import failed: {type(exc).__name__}: {exc}", exc)
         record.import_seconds = time.perf_counter() - start
         wanted = getattr(plugin, "GRADPIPE_PLUGIN_API", hookspecs.PLUGIN_API_VERSION)
         if wanted != hookspecs.PLUGIN_API_VERSION:
-            return self._fail(record, f"built for gradpipe plugin API {wanted!r}, but this "
+            upgrade = (" (API 2 declares capabilities at registration, register(..., "
+                       "capabilities=Capabilities(...)), instead of class attributes of the "
+                       "config; see the plugin guide)" if wanted == 1 else "")
+            return failure(record, f"built for gradpipe plugin API {wanted!r}, but this "
                               f"gradpipe provides API {hookspecs.PLUGIN_API_VERSION}: install "
-                              f"a version of {provider.dist} made for it")
+                              f"a version of {provider.dist} made for it{upgrade}")
         try:
             self.pm.register(plugin, name=f"{provider.dist}:{name}")
             self.pm.check_pending()
         except Exception as exc:
             self._unregister(plugin)
-            return self._fail(record, f"invalid hook implementation: {_hook_hint(exc)}")
+            return failure(record, f"invalid hook implementation: {hook_hint(exc)}")
         record.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
         added: list[Component] = []
         conflicts: list[str] = []
@@ -218,12 +148,13 @@ class Registry:
                 kind = HOOK_KINDS[hook_name]
                 for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                     if impl.plugin is plugin:
-                        impl.function(register=self._register_fn(kind, provider, added,
-                                                                 conflicts))
+                        impl.function(register=self._register_fn(
+                            kind, provider, added, conflicts, record.attempted))
         except Exception as exc:
-            self._rollback(added, record)
+            self._rollback(added)
             self._unregister(plugin)
-            return self._fail(record, f"registration failed: {type(exc).__name__}: {exc}")
+            return failure(record, f"registration failed: {type(exc).__name__}: {exc}",
+                           exc)
         for comp in added:
             record.components.setdefault(comp.kind, []).append(comp.name)
         if conflicts:
@@ -232,40 +163,50 @@ class Registry:
         return record
 
     def _register_fn(
-        self, kind: str, provider: Provider, added: list[Component], conflicts: list[str]
-    ) -> Callable[[str, Callable[..., Any], type], None]:
-        def register(name: str, factory: Callable[..., Any], config_cls: type) -> None:
-            if not isinstance(name, str) or not name.isidentifier():
-                raise TypeError(f"component name must be an identifier, got {name!r}")
-            if not callable(factory):
-                raise TypeError(f"factory for {kind} {name!r} is not callable")
-            if not attrs.has(config_cls):
-                raise TypeError(
-                    f"config class for {kind} {name!r} must be an attrs class, "
-                    f"got {config_cls!r}"
-                )
+        self, kind: str, provider: Provider, added: list[Component], conflicts: list[str],
+        attempted: list[str],
+    ) -> Callable[..., None]:
+        def register(name: str, factory: Callable[..., Any], config_cls: type, *,
+                     capabilities: Any = None, kernel: Any = None) -> None:
+            if isinstance(name, str):  # a pipeline naming it is told why it is missing
+                attempted.append(name)
+            declared = check_registration(kind, name, factory, config_cls, capabilities,
+                                          kernel)
             key = (kind, name)
             comp = Component(
                 kind=kind, name=name, factory=factory, config_cls=config_cls,
-                provider=provider,
+                provider=provider, capabilities=declared, kernel=kernel,
             )
             added.append(comp)
             if key in self.components:
-                first = self.components[key].provider
                 self.shadowed.setdefault(key, []).append(comp)
-                conflicts.append(
-                    f"{kind} {name!r} is registered twice: by {first} and by {provider}; "
-                    f"pipelines must now write '{first.dist}>{name}' or "
-                    f"'{provider.dist}>{name}', or you can block one with "
-                    f"GRADPIPE_DISABLED_PLUGINS={provider.entry_point}")
+                self._clash(kind, name, self.components[key].provider, provider, conflicts)
             else:
                 self.components[key] = comp
 
         return register
 
-    def _rollback(self, added: list[Component], record: PluginRecord) -> None:
+    def _clash(self, kind: str, name: str, first: Provider, second: Provider,
+               conflicts: list[str]) -> None:
+        """Record a name two plugins register on the newcomer's line: the third party
+        where the other is a built-in (which may load later, on demand), else the
+        later one. The fix offered renames or blocks the newcomer, never the other."""
+        newcomer, holder = (first, second) if second.dist == BUILTIN_DIST else (second, first)
+        held_by = "a built-in" if holder.dist == BUILTIN_DIST else f"registered by {holder}"
+        message = (f"{kind} {name!r} is {held_by}; {newcomer} registers it again, so "
+                   f"pipelines must write '{holder.dist}>{name}' or '{newcomer.dist}>{name}'."
+                   f" To fix: rename it in {newcomer.dist}, or block that plugin with "
+                   f"GRADPIPE_DISABLED_PLUGINS={newcomer.entry_point}")
+        if newcomer == second:
+            conflicts.append(message)
+            return
+        for record in self.plugins:
+            if record.provider == newcomer:
+                record.status = "conflict"
+                record.error = "; ".join(filter(None, [record.error, message]))
+
+    def _rollback(self, added: list[Component]) -> None:
         for comp in added:
-            record.attempted.append(comp.name)
             key = (comp.kind, comp.name)
             if self.components.get(key) is comp:
                 del self.components[key]
@@ -280,11 +221,6 @@ class Registry:
             for name, registered in list(self.pm.list_name_plugin()):
                 if registered is plugin:
                     self.pm.unregister(name=name)
-
-    def _fail(self, record: PluginRecord, error: str) -> PluginRecord:
-        record.status = "failed"
-        record.error = error
-        return record
 
     # -- lookup ------------------------------------------------------------
 
@@ -327,7 +263,7 @@ class Registry:
         owners = set(self.index.get((kind, name), []))
         for record in self.plugins:
             owns = (record.provider.dist, record.provider.value) in owners
-            if name in record.attempted or (owns and record.status == "failed"):
+            if record.status == "failed" and (name in record.attempted or owns):
                 return (f"{kind} {name!r} comes from plugin {record.provider}, which "
                         f"failed to load: {record.error}")
         if dist is not None and (kind, name) in self.components:
@@ -340,47 +276,6 @@ class Registry:
                 f"{r.provider} ({r.error})" for r in failed
             )
         return message + f". Known: {', '.join(self.names(kind)) or 'none'}"
-
-
-def _iter_entry_points(group: str) -> Iterator[tuple[Any, Any]]:
-    seen: set[tuple[str, str]] = set()
-    found = []
-    for dist in metadata.distributions():
-        for ep in dist.entry_points:
-            if ep.group != group:
-                continue
-            # The same distribution may be visible twice on sys.path (editable
-            # installs): load it once.
-            key = (dist.metadata["Name"] or "", ep.name)
-            if key in seen:
-                continue
-            seen.add(key)
-            found.append((ep, dist))
-    # Built-ins first, then third parties, each in name order: deterministic.
-    found.sort(key=lambda p: (p[1].metadata["Name"] != BUILTIN_DIST,
-                              p[1].metadata["Name"] or "", p[0].name))
-    yield from found
-
-
-def _component_index(group: str) -> dict[tuple[str, str], tuple[str, str]]:
-    """``(kind, name) -> (distribution, module)`` from ``kind.name = module`` entries."""
-    index: dict[tuple[str, str], tuple[str, str]] = {}
-    for ep, dist in _iter_entry_points(group):
-        kind, _, name = ep.name.partition(".")
-        if kind in KIND_HOOKS and name:
-            index[(kind, name)] = (dist.metadata["Name"] or "", ep.value)
-    return index
-
-
-def _hook_hint(exc: Exception) -> str:
-    text = str(exc)
-    import re
-
-    match = re.search(r"unknown hook '?(\w+)'?", text)
-    if match:
-        hook = match.group(1)
-        return f"unknown hook {hook!r}{did_you_mean(hook, KIND_HOOKS.values())}"
-    return text
 
 
 _REGISTRY: Registry | None = None

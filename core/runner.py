@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from .build import build_component
+from .components import build_component
 from .errors import ConfigError
 from .spec import ComponentSpec, PipelineSpec
 
@@ -20,9 +20,30 @@ def _problem_spec(spec: PipelineSpec, name: str | None) -> ComponentSpec:
             raise ConfigError("no problem to run: add a [problem] table with "
                               "kind = 'quadratic' (or another problem), or pass --problem")
         return spec.problem
-    from .build import component_spec
+    from .components import component_spec
 
     return component_spec("problem", {"kind": name})
+
+
+def plan_problem(spec: PipelineSpec, *, problem: str | None = None,
+                 shapes: list[list[int]] | None = None) -> str:
+    """The plan of the pipeline built for the problem's variables (or for float32
+    variables of ``shapes``), as ``pipe.plan`` prints it."""
+    import tensorflow as tf
+
+    from ._engine.pipeline import Pipeline
+
+    pipe = Pipeline(spec)
+    with pipe.strategy.scope():
+        if shapes is None:
+            variables = list(build_component(_problem_spec(spec, problem)).variables)
+        else:
+            variables = [tf.Variable(tf.zeros(s), name=f"variable_{i}")
+                         for i, s in enumerate(shapes)]
+    pipe.build(variables)
+    sizes = [v.shape.num_elements() for v in variables]
+    return (f"plan for {len(variables)} variables, {sum(s or 0 for s in sizes):,} "
+            f"parameters:\n{pipe.plan}")
 
 
 def run_problem(spec: PipelineSpec, *, problem: str | None = None,
@@ -33,8 +54,8 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
     problem_spec = _problem_spec(spec, problem)
     import tensorflow as tf
 
+    from ._engine.pipeline import Pipeline
     from .convergence import AnyOf, gradient_step
-    from .pipeline import Pipeline
 
     tf.random.set_seed(seed)
     pipe = Pipeline(spec)
@@ -80,7 +101,6 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
     start = time.perf_counter()
     state: Any = None
     converged_by = None
-    done = 0
     done = resumed_from
     for i in range(resumed_from, total):
         loss, grads, params, lr, scale = train_step(tf.constant(i, tf.int64))

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from .build import build_component
+from .components import build_component
 from .errors import ConfigError, GradpipeError, did_you_mean
 from .fields import HYPER, ScheduleRef
 from .spec import ComponentSpec, PipelineSpec

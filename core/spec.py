@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
+from .capabilities import Capabilities
 from .errors import Problem
 from .fields import (
     HYPER,
@@ -45,6 +46,7 @@ class ComponentSpec:
         version: version of that distribution.
         extra: engine-level keys of the table (e.g. ``variables``).
         qualified: the file named it ``dist>name``; written back that way.
+        capabilities: what its plugin declared at registration.
     """
 
     kind: str
@@ -55,6 +57,8 @@ class ComponentSpec:
     version: str = ""
     extra: dict[str, Any] = attrs.field(factory=dict)
     qualified: bool = False
+    #: what the component's plugin declared at registration (not written to TOML)
+    capabilities: Capabilities = attrs.field(factory=Capabilities, eq=False, repr=False)
 
     def to_mapping(self) -> dict[str, Any]:
         table: dict[str, Any] = {"kind": f"{self.dist}>{self.name}" if self.qualified
@@ -101,24 +105,27 @@ class PipelineOptions:
         jit_compile: compile the whole update (unscale, check, chain, assign) with
             XLA as one function, on one device; summaries are not written then.
             ``"auto"`` (default) compiles where it is safe and pays: one device,
-            dense gradients, every transform and the loss scaler declaring
-            ``xla_compatible``, no summary writer, at most 128 variables of at
-            least 4,096 elements on average (16,384 where the last rule updates in
-            place without XLA, as ``sgd`` does).
+            dense gradients, a step that XLA compiles when the pipeline is built
+            (``pipe.plan`` gives the reason where it does not), no summary writer,
+            at most 128 variables of at least 4,096 elements on average (16,384
+            where the last rule updates in place without XLA, as ``sgd`` does).
         pack_variables: keep the state of all variables packed in one vector and run
             the chain once on the packed gradients (multi-tensor apply), then
             subtract each variable's slice: a few ops per variable instead of some
-            twenty. Allowed where every transform declares ``elementwise``, on one
-            device, with float32 variables, no ``freeze``, ``variables``/``exclude``
+            twenty. Allowed where every transform is elementwise (the engine
+            runs each packed and variable by variable on the same numbers first),
+            on one device, with float32 variables, no ``freeze``, ``variables``/``exclude``
             selection or accumulation. ``"auto"`` (default) packs there when there
             are at least 16 variables and ``jit_compile = "auto"`` would not
             compile them one by one (more than 128, or small ones); ``true``
             requires it (an error names what prevents it). Checkpoints are the same
             either way.
-        check_updates: also skip a step whose *updates* are non-finite although
-            its gradients were finite (NaN born inside the chain). Transforms that
-            declare ``preserves_finite`` are checked through a few scalars instead
-            of every element; turning it off removes even that.
+        check_updates: also skip a step whose *updates* or new state are
+            non-finite although its gradients were finite (NaN born inside the
+            chain). Each transform's outputs are checked by one sum, fused with
+            the update where compiled; gradpipe's own ``clip_by_global_norm``,
+            ``sgd`` and ``adam`` are proved finite from a few scalars instead.
+            Turning it off removes the check (``pipe.plan`` shows each).
         summaries: TensorBoard scalars written while a default ``tf.summary``
             writer is set (OpenSeq2Seq's default: learning rate, global gradient
             norm, loss scale); see ``SUMMARIES``.

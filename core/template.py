@@ -19,13 +19,22 @@ description = "A gradpipe plugin: the {component} transform."
 readme = "README.md"
 requires-python = ">=3.10"
 dependencies = ["gradpipe>=0.1"]
-classifiers = ["Framework :: gradpipe"]
+keywords = ["gradpipe", "tensorflow", "optimizer"]
+classifiers = [
+    "Programming Language :: Python :: 3",
+    "Topic :: Scientific/Engineering :: Artificial Intelligence",
+]
 
 [project.optional-dependencies]
 test = ["pytest"]
 
 [project.entry-points.gradpipe]
 {component} = "{module}"
+
+# the name index: gradpipe imports this module only when a pipeline names
+# one of these components ("kind.name"); keep it in step with the module
+[project.entry-points."gradpipe.components"]
+"transform.{component}" = "{module}"
 
 [tool.setuptools]
 packages = ["{module}"]
@@ -39,8 +48,8 @@ from typing import Any, ClassVar
 
 import attrs
 
-import gradpipe
-from gradpipe.fields import positive
+from gradpipe.plugin import Transform, hookimpl, hyper, hyperparameter, map_grads
+from gradpipe.plugin import no_state, positive
 
 #: The gradpipe plugin API this module is written for.
 GRADPIPE_PLUGIN_API = {api}
@@ -56,23 +65,23 @@ class Config:
 
     example: ClassVar[dict] = {{"factor": 0.5}}
 
-    factor: Any = gradpipe.hyperparameter(default=1.0, validator=positive())
+    factor: Any = hyperparameter(default=1.0, validator=positive())
 
 
-def {component}(cfg: Config) -> gradpipe.Transform:
+def {component}(cfg: Config) -> Transform:
     """Multiply every gradient by ``factor``."""
-    factor = gradpipe.hyper(cfg.factor)
+    factor = hyper(cfg.factor)
 
     def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
         import tensorflow as tf
 
         f = factor()
-        return gradpipe.map_grads(lambda g: g * tf.cast(f, g.dtype), grads), state
+        return map_grads(lambda g: g * tf.cast(f, g.dtype), grads), state
 
-    return gradpipe.Transform(gradpipe.no_state, update)
+    return Transform(no_state, update)
 
 
-@gradpipe.hookimpl
+@hookimpl
 def gradpipe_register_transforms(register: Any) -> None:
     register("{component}", {component}, Config)
 '''
@@ -122,8 +131,28 @@ factor = 0.5
 kind = "adam"
 ```
 
-Install it with `pip install .`, check it appears with `gradpipe plugins`, and
-run its tests (the gradpipe contract suite included) with `pytest`.
+```bash
+pip install ".[test]"     # the plugin, and pytest for its tests
+gradpipe plugins          # lists {dist} and the {component} transform
+pytest                    # its tests, the gradpipe contract suite included
+```
+
+The tests need the `test` extra (`pip install ".[test]"`); a plain
+`pip install .` installs the plugin alone.
+
+`pyproject.toml` lists each component twice: under the entry point `gradpipe`
+(the module) and in the `gradpipe.components` index, which lets gradpipe
+import the module only when a pipeline names a component. Add a new
+component to both.
+'''
+
+GITIGNORE = '''__pycache__/
+*.py[cod]
+*.egg-info/
+build/
+dist/
+.pytest_cache/
+.venv/
 '''
 
 
@@ -144,6 +173,7 @@ def new_plugin(name: str, directory: Path) -> Path:
     files = {
         root / "pyproject.toml": PYPROJECT,
         root / "README.md": README,
+        root / ".gitignore": GITIGNORE,
         root / module / "__init__.py": MODULE,
         root / "tests" / f"test_{short}.py": TEST,
     }

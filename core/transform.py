@@ -27,19 +27,10 @@ from .fields import ScheduleRef, is_constant
 
 
 class Transform(NamedTuple):
-    """A gradient transform: ``init(variables)`` and ``update(grads, state, variables)``.
-
-    ``apply(grads, slots, variables) -> ops``, optional, is ``update`` followed
-    by ``var -= update`` done in place: ``slots`` is the state as its
-    ``tf.Variable``s, and the transform assigns them and the variables itself,
-    typically with one fused TensorFlow kernel (``sgd``: ``ResourceApplyKerasMomentum``)
-    that reads and writes each array once. The engine uses it for the last
-    transform on its plain (non-XLA) path where nothing else needs the updates.
-    """
+    """A gradient transform: ``init(variables)`` and ``update(grads, state, variables)``."""
 
     init: Callable[[Sequence[Any]], Any]
     update: Callable[[Sequence[Any], Any, Sequence[Any]], tuple[list[Any], Any]]
-    apply: Callable[[Sequence[Any], Any, Sequence[Any]], list[Any]] | None = None
 
 
 def no_state(variables: Sequence[Any]) -> tuple[()]:
@@ -100,7 +91,7 @@ def _default_context() -> BuildContext:
         return tf.constant(0, tf.int64)
 
     def resolve(value: Any) -> Callable[[Any], Any]:
-        from .build import build_component
+        from .components import build_component
 
         if isinstance(value, ScheduleRef):
             from .errors import GradpipeError
@@ -224,7 +215,7 @@ def squared_norm(grads: Sequence[Any]) -> Any:
     return value
 
 
-def sum_of_squares(tensors: Sequence[Any]) -> Any:
+def sum_of_squares(tensors: Sequence[Any], *, nan_unless_finite: bool = False) -> Any:
     """Float32 sum of squares of every non-``None`` tensor (IndexedSlices: as if dense).
 
     One read of each tensor, with no temporary of its size. Outside XLA that is
@@ -232,14 +223,27 @@ def sum_of_squares(tensors: Sequence[Any]) -> Any:
     (the compiled step, or a train step the user compiles) see
     ``_folded_sum_of_squares``; there a tensor computed in the same function is
     materialised first, as XLA's own reduction would materialise it.
+
+    ``nan_unless_finite`` (inside XLA only, see ``in_xla_function``): each square
+    is ``x*x + x*0``, so the sum is NaN exactly where an element is not finite,
+    and otherwise the same (``inf`` only where it overflows): a finite check in
+    the same loop, with no conditional.
     """
     import tensorflow as tf
 
     values = [_dense_values(g) for g in tensors if g is not None]
     if not values:
         return tf.constant(0.0)
-    if _in_xla_function() and not _accelerator_visible():
-        return tf.add_n([_folded_sum_of_squares(v) for v in values])
+
+    def squares(x: Any) -> Any:  # cast slice by slice: a cast whole would be materialised
+        x = tf.cast(x, tf.float32)
+        return tf.square(x) + x * 0.0 if nan_unless_finite else tf.square(x)
+
+    if in_xla_function():
+        if not accelerator_visible():
+            return tf.add_n([_folded_sum_of_squares(v, squares) for v in values])
+        if nan_unless_finite:
+            return tf.add_n([tf.reduce_sum(squares(v)) for v in values])
     return 2.0 * tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in values])
 
 
@@ -250,7 +254,7 @@ FOLD_MIN_ROW = 128
 FOLD_WIDTH = 32
 
 
-def _folded_sum_of_squares(value: Any) -> Any:
+def _folded_sum_of_squares(value: Any, squares: Callable[[Any], Any]) -> Any:
     """XLA's CPU reduction is one sequential loop of dependent additions (3-4 GB/s
     against 15-20 for its elementwise loops). So the tensor is first folded: its
     ``FOLD_ROWS`` contiguous slices are squared and added elementwise, a loop XLA
@@ -258,11 +262,8 @@ def _folded_sum_of_squares(value: Any) -> Any:
     ``[k, FOLD_WIDTH]`` matrix, is multiplied by a vector of ones: XLA fuses that
     product into the fold's loop, so the loop writes ``k`` partial sums instead of
     the row, and only those are reduced (with the row's last ``row % FOLD_WIDTH``
-    elements). The slices are read in place (docs/performance.md)."""
+    elements). The slices are read in place (benchmarks/HISTORY.md)."""
     import tensorflow as tf
-
-    def squares(x: Any) -> Any:  # cast slice by slice: a cast whole would be materialised
-        return tf.square(tf.cast(x, tf.float32))
 
     flat = tf.reshape(value, [-1])
     size = flat.shape[0]
@@ -279,7 +280,7 @@ def _folded_sum_of_squares(value: Any) -> Any:
             + tf.reduce_sum(squares(rest)))
 
 
-def _accelerator_visible() -> bool:
+def accelerator_visible() -> bool:
     """A GPU or TPU is set up: XLA's reductions there are parallel trees, and the
     fold, measured only on CPU, is left out."""
     import tensorflow as tf
@@ -287,7 +288,7 @@ def _accelerator_visible() -> bool:
     return any(tf.config.list_logical_devices(kind) for kind in ("GPU", "TPU"))
 
 
-def _in_xla_function() -> bool:
+def in_xla_function() -> bool:
     """Whether ops built now will be compiled by XLA (``jit_compile=True``)."""
     try:  # TF's own test for this is internal: without it, L2Loss everywhere
         from tensorflow.python.framework import ops
@@ -298,22 +299,39 @@ def _in_xla_function() -> bool:
     return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
 
 
+def keep_where_skipped(new: Any, old: Any) -> Any:
+    """``new`` where this step applies, ``old`` where the engine skips it (nests).
+
+    Optional, for speed only: the engine keeps every transform's state on a
+    skipped step by itself. A transform that computes its updates *from* the
+    state this returns lets the compiled step write each slot once and read it
+    back once (``adam`` and ``sgd`` do). Outside a compiled step it is ``new``.
+    """
+    context = current_context().shared
+    applies = context.get(APPLIES)
+    if applies is None:
+        return new
+    import tensorflow as tf
+
+    kept = context.setdefault(KEPT, {})
+
+    def keep(n: Any, o: Any) -> Any:
+        selected = tf.where(applies, n, o)
+        kept[id(selected)] = o  # the engine checks ``o`` is the state it handed in
+        return selected
+
+    return tf.nest.map_structure(keep, new, old)
+
+
+#: ``shared`` keys of the compiled step: whether it applies, and the tensors
+#: ``keep_where_skipped`` returned (id -> the old value each keeps).
+APPLIES, KEPT = "gradpipe.applies", "gradpipe.kept"
+
+
 def record_squared_norm(grads: Sequence[Any], value: Any) -> None:
     """Record the sum of squares of ``grads`` (or an upper bound of it) for reuse."""
     norms = current_context().shared.setdefault("squared_norms", {})
     norms[_key(grads)] = (list(grads), value)  # the list keeps the ids in the key alive
-
-
-def require_finite(*scalars: Any) -> None:
-    """Declare scalars this step's updates are finite under (``preserves_finite``).
-
-    A transform whose config sets ``preserves_finite = True`` promises: if its
-    input gradients have a finite sum of squares, its state is finite and every
-    scalar it passes here is finite (and every boolean true), then its updates and
-    new state are finite. The engine then checks these scalars instead of every
-    update element.
-    """
-    current_context().shared.setdefault("required_finite", []).extend(scalars)
 
 
 def dedupe(g: Any) -> Any:
@@ -323,24 +341,6 @@ def dedupe(g: Any) -> Any:
     unique, positions = tf.unique(g.indices)
     values = tf.math.unsorted_segment_sum(g.values, positions, tf.shape(unique)[0])
     return tf.IndexedSlices(values, unique, g.dense_shape)
-
-
-def select_applied(new: Any, old: Any) -> Any:
-    """``new`` where this step is applied, ``old`` where the engine skips it (a nest).
-
-    On its fused (XLA) path the engine runs the chain unconditionally and drops a
-    skipped step's updates, so that XLA copies no slot (a conditional would copy
-    them all, docs/performance.md). A transform whose config sets
-    ``predicated = True`` passes its new state through this and computes its
-    updates from the result: a skipped step then leaves its state exactly as it
-    was. Everywhere else it returns ``new``.
-    """
-    applies = current_context().shared.get("applies")
-    if applies is None:
-        return new
-    import tensorflow as tf
-
-    return tf.nest.map_structure(lambda n, o: tf.where(applies, n, o), new, old)
 
 
 def _key(grads: Sequence[Any]) -> tuple[int, ...]:

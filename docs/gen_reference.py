@@ -1,7 +1,8 @@
-"""Generate docs/reference/components.md from the live registry.
+"""Generate the reference pages: components from the live registry, the
+command line from its parser.
 
-    python docs/gen_reference.py            # rewrite the page
-    python docs/gen_reference.py --check    # exit 1 if the page is stale
+    python docs/gen_reference.py            # rewrite the pages
+    python docs/gen_reference.py --check    # exit 1 if a page is stale
 
 A test runs the check, so the reference can never drift from the code.
 """
@@ -9,15 +10,21 @@ A test runs the check, so the reference can never drift from the code.
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import attrs
 
+from gradpipe._engine.proofs import PROVED
+from gradpipe.cli import _parser
+from gradpipe.entry_points import KIND_HOOKS
 from gradpipe.fields import HYPER, SCHEDULE, field_types
-from gradpipe.registry import KIND_HOOKS, get_registry
+from gradpipe.registry import get_registry
 
 PAGE = Path(__file__).parent / "reference" / "components.md"
+CLI_PAGE = Path(__file__).parent / "reference" / "cli.md"
 TITLES = {
     "transform": "Transforms and update rules",
     "loss_scale": "Loss scalers (`[loss_scale]`)",
@@ -65,20 +72,15 @@ def _attribute_docs(cls: type) -> dict[str, str]:
     return found
 
 
-def _fast_path(cls: type) -> str:
-    """The step's fast paths this component declares (docs/performance.md)."""
+def _engine_notes(comp: Any) -> str:
+    """What the engine knows of this component beyond its config (docs/performance.md)."""
     found = []
-    if getattr(cls, "xla_compatible", False):
-        found.append('compiles under XLA (`jit_compile = "auto"`)')
-    declared = inspect.getattr_static(cls, "preserves_finite", False)
-    if isinstance(declared, property):  # depends on the config: say when
-        if getattr(cls(), "preserves_finite", False):
-            when = (inspect.getdoc(declared) or "").split("\n")[0].rstrip(".")
-            found.append(f"updates proved finite by scalars ({when[0].lower()}{when[1:]})")
-    elif declared:
-        found.append("updates proved finite by scalars")
-    if getattr(cls, "elementwise", False):
-        found.append('state packed with many small variables (`pack_variables = "auto"`)')
+    if comp.capabilities.describe():
+        found.append("declares " + ", ".join(comp.capabilities.describe()))
+    if comp.kind == "transform" and comp.name in PROVED:
+        found.append("outputs proved finite from scalars (other transforms' are checked)")
+    if comp.kernel is not None:
+        found.append("a fused in-place kernel on the plain path")
     return "; ".join(found)
 
 
@@ -98,9 +100,9 @@ def render() -> str:
             cls = comp.config_cls
             summary = (inspect.getdoc(comp.factory) or inspect.getdoc(cls) or "").split("\n")[0]
             out += [f"### `{name}`", "", summary, ""]
-            fast = _fast_path(cls)
-            if fast:
-                out += [f"Fast path: {fast}.", ""]
+            notes = _engine_notes(comp)
+            if notes:
+                out += [f"Engine: {notes}.", ""]
             docs = _attribute_docs(cls)
             fields = attrs.fields(cls)
             if not fields:
@@ -115,14 +117,29 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def render_cli() -> str:
+    """Every command's ``--help``, as the parser prints it at 88 columns."""
+    os.environ["COLUMNS"] = "88"
+    commands = _parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    out = ["# Command-line reference", "",
+           "Generated from the parser by `docs/gen_reference.py`: each command's `--help`.",
+           "The [command-line guide](../cli.md) explains what each command does.", ""]
+    for name, parser in commands.items():
+        out += [f"## `gradpipe {name}`", "", "```text", parser.format_help().rstrip(),
+                "```", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
 def main() -> int:
-    text = render()
+    pages = {PAGE: render(), CLI_PAGE: render_cli()}
     if "--check" in sys.argv:
-        if not PAGE.exists() or PAGE.read_text() != text:
-            print(f"{PAGE} is stale: run python docs/gen_reference.py", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(text)
+        stale = [page for page, text in pages.items()
+                 if not page.exists() or page.read_text() != text]
+        for page in stale:
+            print(f"{page} is stale: run python docs/gen_reference.py", file=sys.stderr)
+        return 1 if stale else 0
+    for page, text in pages.items():
+        page.write_text(text)
     return 0
 
 

@@ -13,10 +13,22 @@ from typing import Any, ClassVar, NamedTuple
 
 import attrs
 
-from gradpipe import Transform, hookimpl, hyper, hyperparameter, one_minus
-from gradpipe.fields import in_range, non_negative, positive
-from gradpipe.plugins._tensor import dense, is_sparse, value_of, zeros_like_vars
-from gradpipe.transform import dedupe
+from gradpipe.plugin import (
+    Capabilities,
+    Transform,
+    dedupe,
+    dense,
+    hookimpl,
+    hyper,
+    hyperparameter,
+    in_range,
+    is_sparse,
+    non_negative,
+    one_minus,
+    positive,
+    value_of,
+    zeros_like_vars,
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -31,7 +43,6 @@ class AdagradConfig:
 
     example: ClassVar[dict] = {"learning_rate": 0.5}
 
-    update_rule: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.001, validator=non_negative())
     initial_accumulator_value: float = attrs.field(default=0.1, validator=non_negative())
@@ -52,7 +63,8 @@ def adagrad(cfg: AdagradConfig) -> Transform:
     def update(grads: list[Any], state: AdagradState, variables: list[Any]) -> Any:
         import tensorflow as tf
 
-        updates, accs = [], []
+        updates: list[Any] = []
+        accs: list[Any] = []
         for g, acc in zip(grads, state.accumulator):
             if g is None:
                 updates.append(None)
@@ -90,7 +102,6 @@ class RMSpropConfig:
 
     example: ClassVar[dict] = {"learning_rate": 0.01}
 
-    update_rule: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.001, validator=non_negative())
     rho: Any = hyperparameter(default=0.9, validator=in_range(0.0, 1.0))
@@ -159,7 +170,6 @@ class FtrlConfig:
 
     example: ClassVar[dict] = {"learning_rate": 0.5}
 
-    update_rule: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.001, validator=positive())
     learning_rate_power: float = attrs.field(default=-0.5)
@@ -220,6 +230,7 @@ def ftrl(cfg: FtrlConfig) -> Transform:
 
 @hookimpl
 def gradpipe_register_transforms(register: Any) -> None:
-    register("adagrad", adagrad, AdagradConfig)
-    register("rmsprop", rmsprop, RMSpropConfig)
-    register("ftrl", ftrl, FtrlConfig)
+    rule = Capabilities(update_rule=True)
+    register("adagrad", adagrad, AdagradConfig, capabilities=rule)
+    register("rmsprop", rmsprop, RMSpropConfig, capabilities=rule)
+    register("ftrl", ftrl, FtrlConfig, capabilities=rule)

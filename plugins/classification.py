@@ -12,8 +12,11 @@ from typing import Any
 
 import attrs
 
-from gradpipe import hookimpl
-from gradpipe.fields import at_least, in_range
+from gradpipe.plugin import (
+    at_least,
+    hookimpl,
+    in_range,
+)
 
 
 class _Classifier:

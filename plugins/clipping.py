@@ -12,11 +12,23 @@ from typing import Any, ClassVar
 
 import attrs
 
-from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, no_state, shared
-from gradpipe.fields import FieldError, positive
-from gradpipe.plugins._tensor import is_sparse
-from gradpipe.plugins._tensor import map_values as _map_values
-from gradpipe.transform import dedupe, record_squared_norm, require_finite, squared_norm
+from gradpipe.plugin import (
+    Capabilities,
+    FieldError,
+    Transform,
+    dedupe,
+    hookimpl,
+    hyper,
+    hyperparameter,
+    is_sparse,
+    map_grads,
+    map_values,
+    no_state,
+    positive,
+    record_squared_norm,
+    shared,
+    squared_norm,
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -29,8 +41,6 @@ class ClipNormConfig:
 
     example: ClassVar[dict] = {"clip_norm": 1.0}
 
-    gradient_clipping: ClassVar[bool] = True
-    xla_compatible: ClassVar[bool] = True
 
     clip_norm: Any = hyperparameter(validator=positive())
 
@@ -38,11 +48,6 @@ class ClipNormConfig:
 @attrs.frozen(kw_only=True)
 class ClipGlobalNormConfig(ClipNormConfig):
     __doc__ = ClipNormConfig.__doc__
-
-    # Output norm <= clip_norm; the factor is the only value that can be non-finite.
-    preserves_finite: ClassVar[bool] = True
-    # one factor for all gradients: packed into one vector, the same
-    elementwise: ClassVar[bool] = True
 
 
 def clip_by_global_norm(cfg: ClipGlobalNormConfig) -> Transform:
@@ -68,8 +73,7 @@ def clip_by_global_norm(cfg: ClipGlobalNormConfig) -> Transform:
         else:
             c, n = tf.cast(clip(), tf.float64), tf.cast(norm, tf.float64)
             factor = tf.cast(c * tf.minimum(1.0 / n, 1.0 / c), tf.float32)
-        require_finite(factor)
-        clipped = map_grads(lambda g: _map_values(g, lambda x: x * tf.cast(factor, x.dtype)),
+        clipped = map_grads(lambda g: map_values(g, lambda x: x * tf.cast(factor, x.dtype)),
                             grads)
         record_squared_norm(clipped, tf.square(tf.minimum(norm, tf.cast(clip(), tf.float32))))
         return clipped, state
@@ -106,8 +110,6 @@ class ClipValueConfig:
 
     example: ClassVar[dict] = {"clip_value_min": -0.5, "clip_value_max": 0.5}
 
-    gradient_clipping: ClassVar[bool] = True
-    xla_compatible: ClassVar[bool] = True
 
     clip_value_min: Any = hyperparameter()
     clip_value_max: Any = hyperparameter()
@@ -128,7 +130,7 @@ def clip_by_value(cfg: ClipValueConfig) -> Transform:
 
         low, high = lo(), hi()
         # Clip what the dense gradient holds: duplicate sparse rows are summed first.
-        return map_grads(lambda g: _map_values(
+        return map_grads(lambda g: map_values(
             dedupe(g) if is_sparse(g) else g,
             lambda x: tf.clip_by_value(x, tf.cast(low, x.dtype), tf.cast(high, x.dtype))
         ), grads), state
@@ -138,6 +140,9 @@ def clip_by_value(cfg: ClipValueConfig) -> Transform:
 
 @hookimpl
 def gradpipe_register_transforms(register: Any) -> None:
-    register("clip_by_global_norm", clip_by_global_norm, ClipGlobalNormConfig)
-    register("clip_by_norm", clip_by_norm, ClipNormConfig)
-    register("clip_by_value", clip_by_value, ClipValueConfig)
+    clipping = Capabilities(gradient_clipping=True)
+    # one factor for all gradients: packed into one vector, the same
+    register("clip_by_global_norm", clip_by_global_norm, ClipGlobalNormConfig,
+             capabilities=Capabilities(gradient_clipping=True))
+    register("clip_by_norm", clip_by_norm, ClipNormConfig, capabilities=clipping)
+    register("clip_by_value", clip_by_value, ClipValueConfig, capabilities=clipping)

@@ -15,10 +15,19 @@ from typing import Any, ClassVar, NamedTuple
 
 import attrs
 
-from gradpipe import Transform, hookimpl, hyper, hyperparameter
-from gradpipe.fields import FieldError, non_negative
-from gradpipe.plugins._tensor import is_sparse, value_of, zeros_like_vars
-from gradpipe.transform import dedupe
+from gradpipe.plugin import (
+    Capabilities,
+    FieldError,
+    Transform,
+    dedupe,
+    hookimpl,
+    hyper,
+    hyperparameter,
+    is_sparse,
+    non_negative,
+    value_of,
+    zeros_like_vars,
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -41,7 +50,6 @@ class ClippyAdagradConfig:
 
     example: ClassVar[dict] = {"learning_rate": 1.0}
 
-    update_rule: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.001, validator=non_negative())
     initial_accumulator_value: float = attrs.field(default=0.1, validator=non_negative())
@@ -92,7 +100,8 @@ def clippy_adagrad(cfg: ClippyAdagradConfig) -> Transform:
     def update(grads: list[Any], state: ClippyState, variables: list[Any]) -> Any:
         import tensorflow as tf
 
-        accs, factors, updates = list(state.accumulator), list(state.clipping_factor), []
+        accs, factors = list(state.accumulator), list(state.clipping_factor)
+        updates: list[Any] = []
         for i, (g, var) in enumerate(zip(grads, variables)):
             if g is None:
                 updates.append(None)
@@ -134,4 +143,5 @@ def clippy_adagrad(cfg: ClippyAdagradConfig) -> Transform:
 
 @hookimpl
 def gradpipe_register_transforms(register: Any) -> None:
-    register("clippy_adagrad", clippy_adagrad, ClippyAdagradConfig)
+    register("clippy_adagrad", clippy_adagrad, ClippyAdagradConfig,
+             capabilities=Capabilities(update_rule=True))

@@ -12,9 +12,14 @@ from typing import Any, ClassVar
 
 import attrs
 
-from gradpipe import hookimpl
-from gradpipe.convergence import Criterion
-from gradpipe.fields import FieldError, at_least, non_negative, positive
+from gradpipe.plugin import (
+    Criterion,
+    FieldError,
+    at_least,
+    hookimpl,
+    non_negative,
+    positive,
+)
 
 
 def _global_sq_norm(tensors: list[Any]) -> Any:

@@ -12,9 +12,25 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 import attrs
 
-from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, one_minus
-from gradpipe.fields import FieldError, in_range, non_negative, one_of, positive
-from gradpipe.plugins._tensor import dense, map_values, norm, value_of, zeros_like_vars
+from gradpipe.plugin import (
+    Capabilities,
+    FieldError,
+    Transform,
+    dense,
+    hookimpl,
+    hyper,
+    hyperparameter,
+    in_range,
+    map_grads,
+    map_values,
+    non_negative,
+    norm,
+    one_minus,
+    one_of,
+    positive,
+    value_of,
+    zeros_like_vars,
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -31,9 +47,6 @@ class LarcConfig:
 
     example: ClassVar[dict] = {"eta": 0.002, "learning_rate": 0.1}
 
-    conflicts: ClassVar[dict[str, str]] = {
-        "clip_by_global_norm": "LARC and gradient norm clipping should not be used "
-                               "together (OpenSeq2Seq raises AttributeError)"}
 
     eta: float = attrs.field(validator=positive())
     mode: Literal["clip", "scale"] = attrs.field(default="clip",
@@ -85,7 +98,6 @@ class LambConfig:
 
     example: ClassVar[dict] = {"learning_rate": 0.05}
 
-    update_rule: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.001, validator=non_negative())
     beta_1: Any = hyperparameter(default=0.9, validator=in_range(0.0, 1.0, high_open=True))
@@ -113,7 +125,7 @@ def lamb(cfg: LambConfig) -> Transform:
         import tensorflow as tf
 
         count = state.count + 1
-        mus, nus, updates = list(state.mu), list(state.nu), []
+        mus, nus, updates = list(state.mu), list(state.nu), list[Any]()
         for i, (g, var) in enumerate(zip(grads, variables)):
             if g is None:
                 updates.append(None)
@@ -152,7 +164,6 @@ class LarsConfig:
 
     example: ClassVar[dict] = {"learning_rate": 1.0, "trust_coefficient": 0.02}
 
-    update_rule: ClassVar[bool] = True
 
     learning_rate: Any = hyperparameter(default=0.1, validator=non_negative())
     momentum: Any = hyperparameter(default=0.9, validator=in_range(0.0, 1.0))
@@ -176,7 +187,7 @@ def lars(cfg: LarsConfig) -> Transform:
     def update(grads: list[Any], state: TraceState, variables: list[Any]) -> Any:
         import tensorflow as tf
 
-        traces, updates = list(state.trace), []
+        traces, updates = list(state.trace), list[Any]()
         for i, (g, var) in enumerate(zip(grads, variables)):
             if g is None:
                 updates.append(None)
@@ -198,6 +209,9 @@ def lars(cfg: LarsConfig) -> Transform:
 
 @hookimpl
 def gradpipe_register_transforms(register: Any) -> None:
-    register("larc", larc, LarcConfig)
-    register("lamb", lamb, LambConfig)
-    register("lars", lars, LarsConfig)
+    register("larc", larc, LarcConfig, capabilities=Capabilities(conflicts={
+        "clip_by_global_norm": "LARC and gradient norm clipping should not be used "
+                               "together (OpenSeq2Seq raises AttributeError)"}))
+    rule = Capabilities(update_rule=True)
+    register("lamb", lamb, LambConfig, capabilities=rule)
+    register("lars", lars, LarsConfig, capabilities=rule)

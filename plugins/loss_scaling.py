@@ -13,8 +13,14 @@ from typing import Any, ClassVar
 
 import attrs
 
-from gradpipe import hookimpl
-from gradpipe.fields import FieldError, at_least, greater_than, non_negative
+from gradpipe.plugin import (
+    FieldError,
+    all_finite,
+    at_least,
+    greater_than,
+    hookimpl,
+    non_negative,
+)
 
 
 def _power_of_two(x: float | None) -> bool:
@@ -33,7 +39,6 @@ class FixedConfig:
 
     example: ClassVar[dict] = {"loss_scale_value": 128.0}
 
-    xla_compatible: ClassVar[bool] = True
 
     loss_scale_value: float = attrs.field()
 
@@ -93,7 +98,6 @@ class DynamicConfig:
     max_loss_scale: float | None = attrs.field(default=None, validator=greater_than(0))
     hysteresis: int = attrs.field(default=1, validator=at_least(1))
 
-    xla_compatible: ClassVar[bool] = True
 
     def __attrs_post_init__(self) -> None:
         if self.max_loss_scale is not None and self.max_loss_scale < self.min_loss_scale:
@@ -128,8 +132,6 @@ def dynamic(cfg: DynamicConfig) -> Any:
 
         def update(self, grads: Any, finite: Any = None) -> Any:
             """TF ``LossScale.update``; ``finite``: the engine's check, if it made one."""
-            from gradpipe.step_ops import all_finite
-
             c = self.config
             finite = all_finite(list(grads)) if finite is None else finite
             scale = self.current_loss_scale.read_value()

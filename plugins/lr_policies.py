@@ -20,8 +20,14 @@ from typing import Any, ClassVar
 
 import attrs
 
-from gradpipe import hookimpl
-from gradpipe.fields import FieldError, at_least, increasing, non_negative, positive
+from gradpipe.plugin import (
+    FieldError,
+    at_least,
+    hookimpl,
+    increasing,
+    non_negative,
+    positive,
+)
 
 
 def _f(step: Any) -> Any:

@@ -8,12 +8,17 @@ a step with NaN or Inf is skipped by the pipeline, as the reference's
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 
-from gradpipe import hookimpl
-from gradpipe.fields import FieldError, at_least, greater_than, positive
+from gradpipe.plugin import (
+    FieldError,
+    at_least,
+    greater_than,
+    hookimpl,
+    positive,
+)
 
 
 def _overflow_and_amax(grads: Any) -> tuple[Any, Any]:
@@ -51,7 +56,6 @@ class BackoffConfig:
     step_factor: float = attrs.field(default=2.0, validator=greater_than(1.0))
     step_window: int = attrs.field(default=2000, validator=at_least(1))
 
-    xla_compatible: ClassVar[bool] = True
 
     def __attrs_post_init__(self) -> None:
         _check_range(self)
@@ -123,7 +127,6 @@ class LogMaxConfig:
     overflow_std_dev: float = attrs.field(default=3.09, validator=positive())
     corrected: bool = False
 
-    xla_compatible: ClassVar[bool] = True
 
     def __attrs_post_init__(self) -> None:
         _check_range(self)

@@ -11,9 +11,17 @@ from typing import Any, Literal
 
 import attrs
 
-from gradpipe import PlacementError, hookimpl
-from gradpipe.distribute import Placement, split_cpu, validate_group_assignment
-from gradpipe.fields import FieldError, at_least, non_negative, one_of
+from gradpipe.plugin import (
+    FieldError,
+    Placement,
+    PlacementError,
+    at_least,
+    hookimpl,
+    non_negative,
+    one_of,
+    split_cpu,
+    validate_group_assignment,
+)
 
 Reduction = Literal["mean", "sum"]
 
@@ -141,7 +149,7 @@ def mirrored(cfg: MirroredConfig) -> Placement:
                      clip_before_reduce=cfg.clip_before_reduce)
 
 
-_MIRRORED: dict[tuple[str, ...], Any] = {}
+_MIRRORED: dict[tuple[Any, ...], Any] = {}
 
 
 def _shared_mirrored(devices: tuple[str, ...]) -> Any:

@@ -10,8 +10,11 @@ from typing import Any
 
 import attrs
 
-from gradpipe import hookimpl
-from gradpipe.fields import at_least, positive
+from gradpipe.plugin import (
+    at_least,
+    hookimpl,
+    positive,
+)
 
 
 @attrs.frozen(kw_only=True)

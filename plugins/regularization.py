@@ -14,9 +14,18 @@ from typing import Any, ClassVar
 
 import attrs
 
-from gradpipe import Transform, hookimpl, hyper, hyperparameter, map_grads, no_state
-from gradpipe.fields import non_negative
-from gradpipe.plugins._tensor import dense, value_of
+from gradpipe.plugin import (
+    Capabilities,
+    Transform,
+    dense,
+    hookimpl,
+    hyper,
+    hyperparameter,
+    map_grads,
+    no_state,
+    non_negative,
+    value_of,
+)
 
 
 def plus_scaled_weights(values: list[Any], variables: list[Any], coefficient: Any) -> list[Any]:
@@ -65,7 +74,6 @@ class WeightDecayConfig:
 
     example: ClassVar[dict] = {"weight_decay": 0.01}
 
-    after_update_rule: ClassVar[bool] = True
 
     weight_decay: Any = hyperparameter(validator=non_negative())
     learning_rate: Any = hyperparameter(default=1.0, validator=non_negative())
@@ -84,4 +92,5 @@ def weight_decay(cfg: WeightDecayConfig) -> Transform:
 @hookimpl
 def gradpipe_register_transforms(register: Any) -> None:
     register("l2", l2, L2Config)
-    register("weight_decay", weight_decay, WeightDecayConfig)
+    register("weight_decay", weight_decay, WeightDecayConfig,
+             capabilities=Capabilities(after_update_rule=True))

@@ -14,8 +14,16 @@ from typing import Any, ClassVar
 
 import attrs
 
-from gradpipe import hookimpl, schedule, schedule_field
-from gradpipe.fields import FieldError, at_least, increasing, non_negative, positive
+from gradpipe.plugin import (
+    FieldError,
+    at_least,
+    hookimpl,
+    increasing,
+    non_negative,
+    positive,
+    schedule,
+    schedule_field,
+)
 
 
 def _f(step: Any) -> Any:

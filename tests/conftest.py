@@ -95,3 +95,38 @@ def write_toml(tmp_path: Path):
         return path
 
     return write
+
+
+def register_transform(name: str, factory, config=None, *,
+                       dist: str = "gradpipe-test-third-party", **options) -> None:
+    """Register ``factory`` as transform ``name`` of an in-process third-party plugin
+    (once), with register()'s keyword ``options`` (capabilities, kernel)."""
+    import attrs
+
+    from gradpipe.plugin import hookimpl
+    from gradpipe.registry import Provider, get_registry
+
+    class Plugin:
+        @hookimpl
+        def gradpipe_register_transforms(self, register):
+            register(name, factory, config or attrs.frozen(kw_only=True)(
+                type("Config", (), {})), **options)
+
+    registry = get_registry()
+    if ("transform", name) not in registry.components:
+        record = registry.register_plugin(Plugin(), Provider(
+            dist=dist, version="0", entry_point=name))
+        assert record.status == "loaded", record.error
+
+
+def checked_copy(kind: str) -> str:
+    """Register a built-in transform's very maths under a third party (once), and
+    return its name: the engine checks that copy's outputs instead of proving them,
+    and has no fused kernel for it."""
+    from gradpipe.registry import get_registry
+
+    name = f"{kind}_checked"
+    builtin = get_registry().get("transform", kind)
+    register_transform(name, builtin.factory, builtin.config_cls,
+                       capabilities=builtin.capabilities)
+    return name

@@ -22,10 +22,10 @@ def test_plugins_json_lists_builtins_with_provenance():
     result = gradpipe_cli("plugins", "--all", "--json")
     assert result.returncode == 0, result.stderr
     records = {r["entry_point"]: r for r in json.loads(result.stdout)}
-    assert records["optimizers"]["distribution"] == "gradpipe"
-    assert records["optimizers"]["components"]["transform"] == ["sgd", "adam", "adamw"]
-    assert records["optimizers"]["status"] == "loaded"
-    assert records["optimizers"]["hooks"] == ["gradpipe_register_transforms"]
+    assert records["adam"]["distribution"] == "gradpipe"
+    assert records["adam"]["components"]["transform"] == ["adam", "adamw"]
+    assert records["adam"]["status"] == "loaded"
+    assert records["adam"]["hooks"] == ["gradpipe_register_transforms"]
 
 
 def test_plugins_hides_builtins_without_all():
@@ -37,6 +37,19 @@ def test_check_ok_prints_resolved_pipeline():
     result = gradpipe_cli("check", str(ROOT / "examples" / "quickstart.toml"))
     assert result.returncode == 0, result.stderr
     assert "beta_2 = 0.999" in result.stdout  # defaults filled in
+
+
+def test_check_plan_shows_each_choice_with_its_reason():
+    example = str(ROOT / "examples" / "mixed_precision.toml")
+    planned = gradpipe_cli("check", example, "--plan", "--shapes", "784x256,256,256x10,10")
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.startswith("plan for 4 variables, 203,530 parameters:")
+    assert 'XLA           yes: "auto": 4 variables of 50,882 elements' in planned.stdout
+    assert "adam at transforms[1]: proved" in planned.stdout
+    problem = gradpipe_cli("check", example, "--plan", "--json")  # the file's [problem]
+    assert "packed state  no:" in json.loads(problem.stdout)["plan"]
+    wrong = gradpipe_cli("check", example, "--plan", "--shapes", "7x")
+    assert wrong.returncode == 1 and "--shapes '7x'" in wrong.stderr
 
 
 def test_check_errors_exit_1_and_list_all(write_toml):

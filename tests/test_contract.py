@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import register_transform
 from gradpipe.testing import check_component, contract_cases
 
 
@@ -12,28 +13,11 @@ def test_builtin_contract(kind, name):
     check_component(kind, name)
 
 
-def _register(name, update, apply=None, init=None, **declarations):
-    """Register an in-process test plugin whose transform uses ``update`` (and ``apply``),
-    its config class carrying ``declarations`` (``preserves_finite=True``...)."""
-    import attrs
+def _register(name, update, init=None, **options):
+    """Register an in-process third-party transform from ``update`` (and ``init``)."""
+    from gradpipe.plugin import Transform, no_state
 
-    import gradpipe
-    from gradpipe.registry import Provider, get_registry
-
-    Config = attrs.frozen(kw_only=True)(type("Config", (), dict(declarations)))
-
-    def factory(cfg):
-        return gradpipe.Transform(init or gradpipe.no_state, update, apply)
-
-    class Plugin:
-        @gradpipe.hookimpl
-        def gradpipe_register_transforms(self, register):
-            register(name, factory, Config)
-
-    registry = get_registry()
-    if ("transform", name) not in registry.components:
-        registry.register_plugin(Plugin(), Provider(dist="gradpipe-test-broken", version="0",
-                                                    entry_point=name))
+    register_transform(name, lambda cfg: Transform(init or no_state, update), **options)
 
 
 def test_suite_catches_a_changed_gradient_structure():
@@ -56,38 +40,38 @@ def test_suite_catches_numpy_inside_the_step():
         check_component("transform", "calls_numpy")
 
 
-def test_suite_catches_a_false_preserves_finite_declaration():
-    from gradpipe.testing import ContractError
-
-    def update(grads, state, variables):  # 1/g overflows for tiny finite gradients
+def test_a_transform_whose_finite_gradients_overflow_passes_because_the_step_is_skipped():
+    """Nothing to declare, so nothing to declare falsely: 1/g overflows for tiny
+    finite gradients, and the engine skips those steps (the suite checks that no
+    non-finite value is left)."""
+    def update(grads, state, variables):
         return [None if g is None else 1.0 / (g * 1e-30) for g in grads], state
 
-    _register("claims_finite", update, preserves_finite=True)
-    with pytest.raises(ContractError, match="declares preserves_finite"):
-        check_component("transform", "claims_finite")
+    _register("overflows", update)
+    check_component("transform", "overflows")
 
 
-def test_suite_catches_an_apply_that_differs_from_update():
+def test_suite_catches_a_kernel_that_differs_from_update():
     from gradpipe.testing import ContractError
 
     def update(grads, state, variables):
         return [None if g is None else g * 0.1 for g in grads], state
 
-    def apply(grads, slots, variables):
-        return [v.assign_sub(g * 0.2) for g, v in zip(grads, variables) if g is not None]
+    def kernel(config):
+        def apply(grads, slots, variables):
+            return [v.assign_sub(g * 0.2) for g, v in zip(grads, variables) if g is not None]
+        return apply
 
-    _register("sloppy_apply", update, apply, update_rule=True, preserves_finite=True)
-    with pytest.raises(ContractError, match=r"apply\(\) and update\(\) disagree"):
-        check_component("transform", "sloppy_apply")
+    _register("sloppy_kernel", update, kernel=kernel, capabilities={"update_rule": True})
+    with pytest.raises(ContractError, match=r"its kernel and update\(\) disagree"):
+        check_component("transform", "sloppy_kernel")
 
 
-def test_suite_catches_a_predicated_transform_that_ignores_skipped_steps():
-    from gradpipe.testing import ContractError
-
-    def update(grads, state, variables):  # a counter that should stay put on skips
+def test_a_stateful_transform_keeps_its_state_on_skipped_steps_on_every_path():
+    """A counter that must not move on a skipped step: the engine keeps every
+    transform's state on the compiled path too, with no declaration."""
+    def update(grads, state, variables):
         return [None if g is None else g * 0.1 for g in grads], state + 1
 
-    _register("forgets_skips", update, init=lambda variables: 0.0, update_rule=True,
-              xla_compatible=True, predicated=True, preserves_finite=True)
-    with pytest.raises(ContractError, match="select_applied"):
-        check_component("transform", "forgets_skips")
+    _register("counts", update, init=lambda variables: 0.0)
+    check_component("transform", "counts")

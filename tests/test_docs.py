@@ -83,11 +83,142 @@ def test_plugin_guide_snippets_run(tmp_path):
                     "gradpipe_scale"
                 assert groups.get("gradpipe.components", {}).get(
                     "transform.scale", "gradpipe_scale") == "gradpipe_scale"
+    declares = types.ModuleType("guide_capabilities")
+    declares.__dict__.update(module.__dict__)  # the snippet continues the module above
+    exec(compile(next(c for c in python if "Capabilities(" in c), "plugin-guide.md",
+                 "exec"), declares.__dict__)
+    seen = []
+    declares.register_a_rule(lambda *args, **kwargs: seen.append(kwargs["capabilities"]))
+    assert seen[0].update_rule
     contract = types.ModuleType("guide_contract")
-    exec(compile(python[1], "plugin-guide.md", "exec"), contract.__dict__)
+    exec(compile(next(c for c in python if "contract_cases" in c), "plugin-guide.md",
+                 "exec"), contract.__dict__)
     cases = contract.contract_cases(dist="gradpipe-scale")
     assert cases == [("transform", "scale")]
     for kind, name in cases:
         contract.test_contract(kind, name)  # the parametrized test, called directly
     bash = next(code for lang, code in blocks if lang == "bash")
     assert "gradpipe new-plugin scale" in bash
+
+
+def test_plugin_guide_criterion_stops_minimize():
+    """The guide's Criterion subclass registers, passes the contract suite, and stops
+    ``minimize`` at the first step whose loss is at most its threshold."""
+    import types
+
+    import numpy as np
+    import tensorflow as tf
+
+    import gradpipe
+    from gradpipe.registry import Provider, get_registry
+    from gradpipe.testing import check_component
+
+    text = (ROOT / "docs" / "plugin-guide.md").read_text()
+    python = re.findall(r"```python\n(.*?)```", text, re.S)
+    module = types.ModuleType("gradpipe_guide_criterion")
+    exec(compile(python[0], "plugin-guide.md", "exec"), module.__dict__)
+    del module.gradpipe_register_transforms  # the transform is registered above
+    exec(compile(next(c for c in python if "Criterion)" in c), "plugin-guide.md", "exec"),
+         module.__dict__)
+    registry = get_registry()
+    if ("convergence", "loss_below") not in registry.components:
+        record = registry.register_plugin(module, Provider(
+            dist="gradpipe-guide-criterion", version="0.1.0", entry_point="criterion"))
+        assert record.status == "loaded", record.error
+    check_component("convergence", "loss_below")
+
+    pipe = gradpipe.build({"transforms": [{"kind": "sgd", "learning_rate": 0.1}],
+                           "convergence": [{"kind": "loss_below", "threshold": 0.05}]})
+    x = tf.Variable([1.0, -2.0])
+    result = pipe.minimize(lambda: tf.reduce_sum(x * x), [x], max_steps=100)
+    losses = result.trace.numpy()
+    # sgd at rate 0.1 multiplies x by 0.8 per step: the loss 5 * 0.64**k
+    expected = 5.0 * 0.64 ** np.arange(result.steps)
+    np.testing.assert_allclose(losses[:result.steps], expected, rtol=1e-5)
+    first = int(np.argmax(expected <= 0.05))
+    assert result.converged and result.criterion == "loss_below"
+    assert result.steps == first + 1
+
+
+def test_cli_guide_names_every_option_of_every_command():
+    """docs/cli.md cannot drift from the parser: each command's heading lists every
+    option the parser has (the generated reference prints each one's --help)."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    commands = _parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for name, parser in commands.items():
+        heading = next(line for line in text.splitlines()
+                       if line.startswith(f"## `gradpipe {name}"))
+        options = {o for action in parser._actions for o in action.option_strings
+                   if o.startswith("--") and o != "--help"}
+        assert options, name
+        missing = sorted(o for o in options if o not in heading)
+        assert not missing, f"gradpipe {name}: {missing} not in {heading!r}"
+
+
+def test_run_help_gives_each_problems_own_default_steps():
+    """`gradpipe run --help` states the step count each built-in problem runs."""
+    import os
+
+    import gradpipe
+    from gradpipe.registry import get_registry
+    from gradpipe.runner import DEFAULT_STEPS
+
+    os.environ.setdefault("COLUMNS", "200")
+    help_text = " ".join(_parser()._subparsers._group_actions[0]  # type: ignore[union-attr]
+                         .choices["run"].format_help().split())
+    problems = get_registry().names("problem")
+    assert len(problems) >= 5
+    for name in problems:
+        steps = getattr(gradpipe.create("problem", {"kind": name}), "default_steps",
+                        DEFAULT_STEPS)
+        assert f"{name} {steps}" in help_text, (name, steps)
+    assert f"without default_steps {DEFAULT_STEPS}" in help_text
+
+
+def test_plugin_guide_hook_table_agrees_with_the_hookspecs():
+    """Each name the guide's hook table gives for what a factory returns is in that
+    hook's specification: one truth, in gradpipe.hookspecs."""
+    text = (ROOT / "docs" / "plugin-guide.md").read_text()
+    rows = re.findall(r"^\| `(gradpipe_register_\w+)` \| (.*) \|$", text, re.M)
+    assert {hook for hook, _ in rows} == {n for n in dir(hookspecs)
+                                          if n.startswith("gradpipe_register_")}
+    for hook, cell in rows:
+        spec = " ".join((getattr(hookspecs, hook).__doc__ or "").split())
+        for code in re.findall(r"`([^`]+)`", cell):
+            for name in re.findall(r"[A-Za-z_][\w.]*", code):
+                assert re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", spec), \
+                    f"{hook}: the guide names {name!r} ({code!r}); its hookspec does not"
+
+
+def test_performance_page_is_the_current_results():
+    """docs/performance.md is one page of current results; the run-by-run history
+    lives in benchmarks/HISTORY.md."""
+    page = (ROOT / "docs" / "performance.md").read_text()
+    assert len(page.splitlines()) <= 150
+    assert not re.search(r"\b[Rr]uns? \d+\b", page)
+    assert "## Current results" in page
+    assert (ROOT / "benchmarks" / "HISTORY.md").exists()
+
+
+def test_every_module_the_docs_name_is_reachable_after_import_gradpipe():
+    """`import gradpipe` then `gradpipe.convergence.Criterion` (or any module the docs
+    name) works, and still imports no TensorFlow."""
+    import gradpipe
+
+    text = "\n".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    text += (ROOT / "README.md").read_text()
+    named = {m for m in re.findall(r"`gradpipe\.([a-z_]+)[.`(\[]", text)
+             # an entry-point group; the built-in plugins' package (named as a path)
+             if not m.startswith("_") and m not in {"components", "plugins"}}
+    modules = {m for m in named if m not in dir(gradpipe) or m in gradpipe.PUBLIC_MODULES}
+    assert {"plugin", "testing", "hookspecs", "keras"} <= modules
+    modules.add("convergence")
+    # gradpipe.keras is the Keras optimizer: it imports TensorFlow, so it comes last
+    code = ("import sys, gradpipe\n"
+            f"for name in {sorted(modules - {'keras'}) + ['keras']!r}:\n"
+            "    if name == 'keras':\n"
+            "        assert 'tensorflow' not in sys.modules\n"
+            "    assert getattr(gradpipe, name).__name__ == 'gradpipe.' + name, name\n"
+            "gradpipe.convergence.Criterion\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

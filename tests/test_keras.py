@@ -259,7 +259,7 @@ def test_custom_loop_sets_the_rate_and_checkpoints_keep_it(tmp_path):
     (CLIP_ADAM, -1.0, r"transforms\[1\]\.learning_rate = -1\.0 is not valid for adam: "
                       r"must be >= 0, got -1\.0"),
     (CLIP_ADAM, 1e30, r"transforms\[1\]\.learning_rate = 1e\+30 is beyond the bound under "
-                      r"which adam proves its updates finite"),
+                      r"which gradpipe proves adam's updates finite"),
     (CLIP_ADAM, float("nan"), "must be finite, got nan"),
     (CLIP_ADAM, keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9),
      "must be set to a number, got ExponentialDecay; a schedule belongs in the pipeline file"),
@@ -286,6 +286,6 @@ def test_tf_keras_callbacks_set_the_rate_through_the_validated_setter():
     assert tf_keras.backend.get_value(optimizer.lr) == np.float32(0.01)
     tf_keras.backend.set_value(optimizer.lr, 0.005)
     assert float(pipe.learning_rate) == np.float32(0.005)
-    with pytest.raises(GradpipeError, match="beyond the bound under which adam proves"):
+    with pytest.raises(GradpipeError, match="beyond the bound under which gradpipe proves adam's"):
         tf_keras.backend.set_value(optimizer.lr, 1e30)
     assert float(tf.convert_to_tensor(optimizer.learning_rate)) == np.float32(0.005)

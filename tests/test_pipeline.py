@@ -89,8 +89,8 @@ def test_none_gradients_are_skipped():
     pipe.apply_gradients([(tf.constant(GRADS[0][0]), variables[0]), (None, variables[1])])
     np.testing.assert_array_equal(variables[1].numpy(), INIT[1])
     assert not np.array_equal(variables[0].numpy(), INIT[0])
-    slots = pipe._state.slots["0_sgd"]
-    assert np.all(list(slots.values())[1].numpy() == 0)
+    slots = pipe.transform_state("sgd")
+    assert len(slots) == 2 and np.all(list(slots.values())[1].numpy() == 0)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])

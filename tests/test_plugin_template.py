@@ -34,6 +34,40 @@ def test_generated_plugin_installs_and_passes(tmp_path):
     assert "3 passed" in tests.stdout
 
 
+def test_generated_wheel_has_valid_metadata_and_the_name_index(tmp_path):
+    """The wheel of the generated package: metadata the package index accepts (every
+    classifier a real trove classifier), the plugin's entry point and its name index,
+    the `test` extra its README names, and a .gitignore."""
+    import zipfile
+
+    import trove_classifiers
+    from packaging.metadata import Metadata, parse_email
+
+    made = subprocess.run([sys.executable, "-m", "gradpipe.cli", "new-plugin", "halve",
+                           "--directory", str(tmp_path)], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    root = tmp_path / "gradpipe-halve"
+    assert "dist/" in (root / ".gitignore").read_text().split()
+    assert 'pip install ".[test]"' in (root / "README.md").read_text()
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                            "--no-build-isolation", "-w", str(tmp_path / "dist"), str(root)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = (tmp_path / "dist").glob("gradpipe_halve-0.1.0-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        info = "gradpipe_halve-0.1.0.dist-info"
+        raw = archive.read(f"{info}/METADATA").decode()
+        entry_points = archive.read(f"{info}/entry_points.txt").decode()
+    metadata = Metadata.from_raw(parse_email(raw)[0], validate=True)
+    assert metadata.name == "gradpipe-halve" and str(metadata.version) == "0.1.0"
+    assert metadata.classifiers and not set(metadata.classifiers) - set(
+        trove_classifiers.classifiers)
+    assert "test" in (metadata.provides_extra or [])
+    assert any(str(r).startswith("gradpipe>=") for r in metadata.requires_dist or [])
+    assert "[gradpipe]\nhalve = gradpipe_halve" in entry_points
+    assert "[gradpipe.components]\ntransform.halve = gradpipe_halve" in entry_points
+
+
 def test_existing_directory_is_refused(tmp_path):
     (tmp_path / "gradpipe-halve").mkdir()
     made = subprocess.run([sys.executable, "-m", "gradpipe.cli", "new-plugin", "halve",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 GOOD = """
@@ -117,15 +119,29 @@ class TestLoading:
         assert result.stdout.startswith("gradpipe-two 2.0")
         assert 'kind = "gradpipe-two>scale"' in result.stdout
 
-    def test_conflict_with_builtin(self, fake_dists):
-        """Whichever provider comes second is flagged; the message names both."""
+    @pytest.mark.parametrize("name", ["adam", "sgd"])
+    def test_clash_with_a_builtin_is_shown_on_the_newcomer(self, fake_dists, name):
+        """A third party registering a built-in's name is flagged on its own line, in
+        the default listing and in the JSON, whichever loads first (built-ins load on
+        demand), and the fix renames or blocks it, never the built-in."""
         fake_dists.add("gradpipe-evil", "1.0", {"evil": "gp_evil"},
-                       {"gp_evil": GOOD.format(name="adam")})
+                       {"gp_evil": GOOD.format(name=name)})
         data = fake_dists.registry_json()
         flagged = [p for p in data["plugins"] if p["status"] == "conflict"]
-        assert len(flagged) == 1
-        assert "gradpipe-evil 1.0" in flagged[0]["error"]
-        assert "(entry point 'optimizers')" in flagged[0]["error"]
+        assert [p["entry_point"] for p in flagged] == ["evil"]
+        assert not any(p["builtin"] and p["status"] != "loaded" for p in data["plugins"])
+        error = flagged[0]["error"]
+        assert f"transform {name!r} is a built-in; gradpipe-evil 1.0 (entry point 'evil') " \
+            "registers it again" in error
+        assert "rename it in gradpipe-evil" in error
+        assert "GRADPIPE_DISABLED_PLUGINS=evil" in error
+        assert f"'gradpipe>{name}' or 'gradpipe-evil>{name}'" in error
+        listing = fake_dists.run("from gradpipe.cli import main; main(['plugins'])")
+        line = next(x for x in listing.stdout.splitlines() if x.startswith("gradpipe-evil"))
+        assert "[CONFLICT: " in line and "GRADPIPE_DISABLED_PLUGINS=evil" in line
+        listed = fake_dists.run("from gradpipe.cli import main; main(['plugins', '--json'])")
+        statuses = {p["entry_point"]: p["status"] for p in json.loads(listed.stdout)}
+        assert statuses["evil"] == "conflict"
 
     def test_misspelt_hook_fails_loudly(self, fake_dists):
         """check_pending: an unknown hook name fails the plugin with a suggestion."""
@@ -135,6 +151,59 @@ class TestLoading:
         record = by_entry_point(fake_dists.registry_json())["typo"]
         assert record["status"] == "failed"
         assert "did you mean 'gradpipe_register_transforms'" in record["error"]
+
+    def test_import_failure_names_the_plugins_own_line(self, fake_dists):
+        """A plugin failing at import: its own file and line (not importlib's), and the
+        full traceback on request (--traceback or GRADPIPE_PLUGIN_TRACEBACKS=1)."""
+        fake_dists.add("gradpipe-deep", "0.1", {"deep": "gp_deep"}, {
+            "gp_deep": "import gp_helper\n\nVALUE = gp_helper.broken()\n",
+            "gp_helper": "def broken():\n    return {}['missing']\n"})
+        record = by_entry_point(fake_dists.registry_json())["deep"]
+        assert record["status"] == "failed" and "KeyError" in record["error"]
+        assert record["location"].endswith("gp_deep.py:3")
+        assert "gp_helper.py" in record["traceback"]
+        short = fake_dists.run("from gradpipe.cli import main; main(['plugins'])").stdout
+        assert "gp_deep.py:3" in short and "Traceback" not in short
+        assert "--traceback shows the full traceback" in short
+        for argv, env in ((["plugins", "--traceback"], None),
+                          (["plugins"], {"GRADPIPE_PLUGIN_TRACEBACKS": "1"})):
+            full = fake_dists.run(f"from gradpipe.cli import main; main({argv!r})", env).stdout
+            assert "Traceback (most recent call last)" in full
+            assert "gp_helper.py\", line 2, in broken" in full
+
+    @pytest.mark.parametrize("config, expected", [
+        ("k: int = 0.5", "the default of 'k' must be an integer, got a float 0.5"),
+        ("k: float = gradpipe.hyperparameter(default=-1.0, validator=positive())",
+         "the default of 'k' must be > 0, got -1.0"),
+        ("example: ClassVar[dict] = {'k': 'x'}\n        k: float = 1.0",
+         "example['k'] must be a number, got a string"),
+        ("example: ClassVar[dict] = {'kk': 1.0}\n        k: float = 1.0",
+         "example sets 'kk', which is not a key (did you mean 'k'?)"),
+        ("k: float", "required 'k' but no example value"),
+    ])
+    def test_config_defaults_and_example_are_checked_at_registration(self, fake_dists,
+                                                                     config, expected):
+        """A plugin's own mistake fails the plugin, named, when it registers: never later,
+        blamed on the user's file."""
+        code = GOOD.format(name="typed").replace(
+            "factor: float = gradpipe.hyperparameter(default=2.0)",
+            f"factor: float = gradpipe.hyperparameter(default=2.0)\n        {config}").replace(
+            "import attrs", "import attrs\n    from typing import ClassVar\n"
+            "    from gradpipe.plugin import positive")
+        fake_dists.add("gradpipe-typed", "0.1", {"typed": "gp_typed"}, {"gp_typed": code})
+        record = by_entry_point(fake_dists.registry_json())["typed"]
+        assert record["status"] == "failed"
+        assert "config class Config of transform 'typed'" in record["error"]
+        assert expected in record["error"]
+        result = fake_dists.run("""
+            import gradpipe
+            try:
+                gradpipe.parse({"transforms": [{"kind": "typed"}, {"kind": "sgd"}]})
+            except gradpipe.ConfigError as e:
+                print(e)
+        """)
+        assert "comes from plugin gradpipe-typed 0.1 (entry point 'typed'), which failed" \
+            in result.stdout
 
     def test_registration_error_rolls_back(self, fake_dists):
         """A plugin whose hook raises after registering one name is rolled back."""
@@ -177,12 +246,12 @@ class TestSwitches:
 
 
 def test_wrong_plugin_api_version_is_refused(fake_dists):
-    code = "\n    GRADPIPE_PLUGIN_API = 2" + GOOD.format(name="future")
+    code = "\n    GRADPIPE_PLUGIN_API = 3" + GOOD.format(name="future")
     fake_dists.add("gradpipe-future", "3.0", {"future": "gp_future"}, {"gp_future": code})
     data = fake_dists.registry_json()
     record = by_entry_point(data)["future"]
     assert record["status"] == "failed" and "future" not in data["transforms"]
-    assert "built for gradpipe plugin API 2, but this gradpipe provides API 1" in \
+    assert "built for gradpipe plugin API 3, but this gradpipe provides API 2" in \
         record["error"]
 
 
@@ -196,16 +265,18 @@ class TestLazyLoading:
                 "print(sorted(m for m in sys.modules if 'gradpipe' in m))")
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         modules = result.stdout
-        assert "gradpipe.plugins.optimizers" in modules
-        for absent in ("gradpipe.plugins.clippy_adagrad", "gradpipe.plugins.convergence",
+        assert "gradpipe.plugins.sgd" in modules
+        for absent in ("gradpipe.plugins.adam", "gradpipe.plugins.clippy_adagrad",
+                       "gradpipe.plugins.convergence",
                        "gradpipe_agc", "gradpipe_ema", "tensorflow"):
             assert absent not in modules, absent
 
     def test_index_matches_what_the_modules_register(self):
         """The gradpipe.components index can never drift from the real registrations."""
-        from gradpipe.registry import Registry, _component_index
+        from gradpipe.entry_points import component_index
+        from gradpipe.registry import Registry
 
-        index = {key: dist for key, (dist, _) in _component_index(
+        index = {key: dist for key, (dist, _) in component_index(
             "gradpipe.components").items()}
         eager = Registry()
         eager.load_entry_points(lazy=False)

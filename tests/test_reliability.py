@@ -15,9 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gradpipe
-from conftest import ROOT
+from conftest import ROOT, register_transform
 from gradpipe import ConfigError, GradpipeError, PluginError
-from gradpipe.in_place import can_apply_in_place
 
 
 class TestLimits:
@@ -55,7 +54,7 @@ class TestLimits:
 # Extreme but valid hyperparameters and gradients up to the largest finite-sum element.
 EXTREME_RATES = st.sampled_from([1e-3, 1.0, 1e6, 1e10, 1e13, 1e20, 1e30])
 EXTREME_ELEMENTS = st.sampled_from([0.0, 1e-30, 1.0, -3.0, 1e10, 1e19, -1e19])
-SCALAR_GUARDED = st.one_of(
+PROVED = st.one_of(
     st.builds(lambda lr, b1, b2, eps: {"kind": "adam", "learning_rate": lr, "beta_1": b1,
                                         "beta_2": b2, "epsilon": eps},
               EXTREME_RATES, st.sampled_from([0.0, 0.5, 0.9, 0.99, 0.999999]),
@@ -65,38 +64,46 @@ SCALAR_GUARDED = st.one_of(
               EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]), st.booleans()))
 
 
+def _checked_copy(kind: str) -> str:
+    """The built-in rule's very maths, registered by a third party: its outputs are
+    then checked instead of proved."""
+    from gradpipe.plugins import adam, sgd
+
+    factory, config = {"adam": (adam.adam, adam.AdamConfig), "sgd": (sgd.sgd, sgd.SGDConfig)}[kind]
+    _in_process_plugin(f"{kind}_checked", factory, config)
+    return f"{kind}_checked"
+
+
 @settings(max_examples=100, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
-@given(rule=SCALAR_GUARDED, scheduled=st.booleans(),
+@given(rule=PROVED, scheduled=st.booleans(),
        clip=st.sampled_from([None, 1e-3, 1.0, 1e30]),
        grads=st.lists(st.lists(EXTREME_ELEMENTS, min_size=3, max_size=3),
                       min_size=2, max_size=5))
-def test_the_scalar_guard_never_applies_a_step_the_element_guard_skips(rule, scheduled, clip,
-                                                                     grads):
-    """Soundness of ``preserves_finite``: from the same state, a step that checking
-    every update element would skip is never applied on the strength of the scalars.
-    (Adam's bound, once only required finite in float64, failed this from rates
-    of about 1e13.)"""
+def test_a_proof_never_applies_a_step_the_check_skips(rule, scheduled, clip, grads):
+    """Soundness of the engine's proofs: from the same state, a step that checking
+    the outputs would skip is never applied on the strength of a proof. (Adam's
+    bound, once only required finite in float64, failed this from rates of about
+    1e13.)"""
     table: dict = {}
     if scheduled:  # the same rate from a schedule: each step's own bound is checked
         rate = rule["learning_rate"]
         table["schedules"] = {"lr": {"kind": "linear", "start": rate, "end": rate,
                                      "steps": 10}}
         rule = {**rule, "learning_rate": "@lr"}
-    table["transforms"] = ([] if clip is None else [
-        {"kind": "clip_by_global_norm", "clip_norm": clip}]) + [rule]
-    if gradpipe.build(table)._guard != "scalars":
-        return  # not proved by scalars: nothing to compare
+    clipping = [] if clip is None else [{"kind": "clip_by_global_norm", "clip_norm": clip}]
     runs = []
-    for guard in ("scalars", "updates"):
+    for kind in (rule["kind"], _checked_copy(rule["kind"])):
         var = tf.Variable(np.zeros(3, "f4"))
-        pipe = gradpipe.build(table)
-        pipe._guard = guard
+        pipe = gradpipe.build({**table, "transforms": clipping + [{**rule, "kind": kind}]})
+        pipe.build([var])
+        if kind == rule["kind"] and "proved" not in pipe.plan.checks[-1]:
+            return  # the config is beyond what the proof covers: checked either way
         runs.append([(bool(pipe.apply_gradients([(tf.constant(g, tf.float32), var)])),
                       var.numpy().copy()) for g in grads])
-    for (by_scalars, weights), (by_elements, reference) in zip(*runs):
-        if by_scalars != by_elements:  # from here on the states differ
-            assert not by_scalars, "the scalar guard applied a step with a non-finite update"
+    for (by_proof, weights), (by_check, reference) in zip(*runs):
+        if by_proof != by_check:  # from here on the states differ
+            assert not by_proof, "a proof applied a step with a non-finite output"
             break
         # Compared by finiteness, not value: the two paths round differently (an
         # in-place kernel against the functional ops), which cancellation can
@@ -104,24 +111,11 @@ def test_the_scalar_guard_never_applies_a_step_the_element_guard_skips(rule, sch
         np.testing.assert_array_equal(np.isfinite(weights), np.isfinite(reference))
 
 
-def _in_process_plugin(name, factory, config=None):
-    import attrs
+def _in_process_plugin(name, factory, config=None, kernel=None, update_rule=False):
+    from gradpipe.plugin import Capabilities
 
-    from gradpipe.registry import Provider, get_registry
-
-    @attrs.frozen(kw_only=True)
-    class Config:
-        pass
-
-    class Plugin:
-        @gradpipe.hookimpl
-        def gradpipe_register_transforms(self, register):
-            register(name, factory, config or Config)
-
-    registry = get_registry()
-    if ("transform", name) not in registry.components:
-        registry.register_plugin(Plugin(), Provider(dist="gradpipe-faulty", version="0",
-                                                    entry_point=name))
+    register_transform(name, factory, config, dist="gradpipe-faulty", kernel=kernel,
+                       capabilities=Capabilities(update_rule=update_rule))
 
 
 class TestPluginFaults:
@@ -150,12 +144,9 @@ class TestPluginFaults:
         assert var.numpy()[0] == 1.0 and other.numpy()[0] == 2.0
 
 
-@pytest.mark.parametrize("guard", ["updates", "scalars"])
-def test_a_failure_inside_apply_gradients_changes_no_variable(guard):
+def test_a_failure_inside_apply_gradients_changes_no_variable():
     """A runtime error in the second variable's update: the first is untouched too,
-    whether every update is checked or a few scalars stand for them."""
-    import attrs
-
+    the checked third-party transform's and the proved adam's alike."""
     def factory(cfg):
         def update(grads, state, variables):
             checked = [grads[0], tf.debugging.assert_all_finite(grads[1] * 0 + tf.math.log(
@@ -163,18 +154,13 @@ def test_a_failure_inside_apply_gradients_changes_no_variable(guard):
             return checked, state
         return gradpipe.Transform(gradpipe.no_state, update)
 
-    @attrs.frozen(kw_only=True)
-    class PreservesFinite:
-        preserves_finite = True  # a claim this transform cannot keep: it raises
-
-    name = f"fails_at_run_time_{guard}"
-    _in_process_plugin(name, factory, PreservesFinite if guard == "scalars" else None)
+    _in_process_plugin("fails_at_run_time", factory)
     a, b = tf.Variable([1.0]), tf.Variable([2.0])
-    pipe = gradpipe.build({"transforms": [{"kind": name},
+    pipe = gradpipe.build({"transforms": [{"kind": "fails_at_run_time"},
                                           {"kind": "adam", "learning_rate": 0.1}],
                            "pipeline": {"jit_compile": False}})
-    assert pipe._guard == guard
     pipe.build([a, b])
+    assert "checked" in pipe.plan.checks[0] and "proved" in pipe.plan.checks[1]
     for fn in (pipe.apply_gradients, tf.function(pipe.apply_gradients)):
         with pytest.raises(tf.errors.InvalidArgumentError, match="log of a negative"):
             fn([(tf.constant([1.0]), a), (tf.constant([-1.0]), b)])
@@ -183,50 +169,60 @@ def test_a_failure_inside_apply_gradients_changes_no_variable(guard):
         assert all(np.all(v.numpy() == 0) for v in pipe.transform_state("adam").values())
 
 
-def test_an_in_place_rule_whose_requirement_reads_its_state_is_still_checked():
-    """The in-place path first traces the last rule's ``update`` in a scratch function
-    and keeps none of it where every scalar it requires is known already. This rule
-    requires its step count below 3, a scalar only its state gives: the step must
-    check it, so the fourth step is skipped and its state and weights kept."""
-    from typing import NamedTuple
-
-    import attrs
-
-    from gradpipe.transform import require_finite
-
-    class Count(NamedTuple):
-        count: object
-
+def test_a_third_party_transform_that_writes_nan_is_skipped_whole():
+    """The log of the gradients writes NaN for every negative element. Nothing it
+    declares is trusted: its outputs are checked, the step is skipped whole, and no
+    weight and no state changes, on the plain path and compiled."""
     def factory(cfg):
-        def init(variables):
-            return Count(tf.constant(0.0))
-
         def update(grads, state, variables):
-            require_finite(state.count < 3.0)
-            return [g * 0.5 for g in grads], Count(state.count + 1)
+            return [None if g is None else tf.math.log(g) for g in grads], state
+        return gradpipe.Transform(gradpipe.no_state, update)
 
-        def apply(grads, slots, variables):
-            return [slots.count.assign_add(1.0),
-                    *(v.assign_sub(g * 0.5) for g, v in zip(grads, variables))]
+    _in_process_plugin("takes_the_log", factory)
+    size = 5000  # compiled, a sum this long is folded first
+    half_negative = np.where(np.arange(size) % 2, -1.0, 1.0).astype("f4")  # log: NaN
+    one_zero = np.ones(size, "f4")
+    one_zero[size - 1] = 0.0  # log: -inf, from a finite gradient
+    for jit in (False, True):
+        var = tf.Variable(np.linspace(1.0, 2.0, size, dtype="f4"))
+        pipe = gradpipe.build({"transforms": [{"kind": "takes_the_log"},
+                                              {"kind": "sgd", "learning_rate": 0.1,
+                                               "momentum": 0.9}],
+                               "pipeline": {"jit_compile": jit}})
+        step = tf.function(lambda g, pipe=pipe, var=var: pipe.apply_gradients([(g, var)]))
+        assert bool(step(tf.ones([size])))
+        before = var.numpy().copy()
+        for poison in (half_negative, one_zero):
+            assert not bool(step(tf.constant(poison)))
+            np.testing.assert_array_equal(var.numpy(), before)
+        assert int(pipe.skipped_steps.numpy()) == 2 and int(pipe.iterations.numpy()) == 1
+        assert pipe.plan.compile.on is jit
 
-        return gradpipe.Transform(init, update, apply)
 
-    @attrs.frozen(kw_only=True)
-    class Capped:
-        preserves_finite = True
+def test_a_third_party_kernel_is_used_only_where_its_outputs_need_no_check():
+    """A kernel writes in place, before its outputs could be checked: a third-party
+    rule's runs only with check_updates = false, and the plan says why."""
+    def factory(cfg):
+        return gradpipe.Transform(gradpipe.no_state, lambda g, s, v: (
+            [None if x is None else x * 0.5 for x in g], s))
 
-    _in_process_plugin("capped_in_place", factory, Capped)
-    var = tf.Variable([8.0])
-    pipe = gradpipe.build({"transforms": [{"kind": "capped_in_place"}],
-                           "pipeline": {"jit_compile": False}})
-    pipe.build([var])
-    assert pipe._guard == "scalars" and can_apply_in_place(pipe, [tf.constant([1.0])])
-    step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
-    applied = [bool(step(tf.constant([2.0]))) for _ in range(5)]
-    assert applied == [True, True, True, False, False]
-    assert var.numpy()[0] == 5.0
-    assert pipe.transform_state(0)["count"].numpy() == 3.0
-    assert int(pipe.iterations.numpy()) == 3
+    def kernel(config):
+        return lambda grads, slots, variables: [
+            v.assign_sub(g * 0.5) for g, v in zip(grads, variables) if g is not None]
+
+    _in_process_plugin("halves_in_place", factory, kernel=kernel, update_rule=True)
+    for check, in_place in ((True, False), (False, True)):
+        var = tf.Variable([8.0])
+        pipe = gradpipe.build({"transforms": [{"kind": "halves_in_place"}],
+                               "pipeline": {"jit_compile": False, "check_updates": check}})
+        pipe.build([var])
+        assert pipe.plan.in_place.on is in_place
+        if not in_place:
+            assert "outputs are checked" in pipe.plan.in_place.reason
+        tf.function(lambda g, pipe=pipe, var=var: pipe.apply_gradients([(g, var)]))(
+            tf.constant([2.0]))
+        assert var.numpy()[0] == 7.0
+
 
 
 def test_soak_mirrored_5000_steps():

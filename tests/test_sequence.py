@@ -1,4 +1,4 @@
-"""Large variables in sequence (gradpipe.sequence): on a CPU the compiled step
+"""Large variables in sequence (gradpipe._engine.sequence): on a CPU the compiled step
 runs each variable's loops together, one variable after another, and that order
 changes no number.
 
@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import gradpipe
-from gradpipe import sequence
+from gradpipe._engine import sequence
 
 SIZES = [3_000, 3_001, 3_002]  # distinct, so that each loop names its variable
 CLIP_ADAM = {"loss_scale": {"kind": "dynamic", "initial_loss_scale": 1024.0,
@@ -29,43 +29,31 @@ def order_small(monkeypatch):
     monkeypatch.setattr(sequence, "SEQUENCE_MIN_SIZE", 1_000)
 
 
-def _conditional(pipe) -> None:
-    """Take the compiled path of chains that do not declare ``predicated``: the
-    chain and the assignments inside one conditional."""
-    pipe._chain_is_predicated = lambda: False
-
-
-def _loop_order(table: dict, conditional: bool = False) -> list[int]:
+def _loop_order(table: dict) -> list[int]:
     """The variable each parameter-sized loop of the optimised HLO belongs to, in
     the order XLA runs them (the module is scheduled)."""
     variables = [tf.Variable(tf.zeros([n])) for n in SIZES]
     pipe = gradpipe.build(table)
-    if conditional:
-        _conditional(pipe)
     grads = [tf.ones([n]) for n in SIZES]
     pipe.apply_gradients(zip(grads, variables))
-    assert pipe._compiling
-    aligned = pipe._state.align(list(zip(grads, variables)))
-    hlo = pipe._compiled_step.experimental_get_compiler_ir(aligned, None)(stage="optimized_hlo")
+    assert pipe.plan.compile.on and pipe.plan.sequence.on
+    hlo = pipe.compiled_hlo(zip(grads, variables))
     assert "is_scheduled=true" in hlo.splitlines()[0]
-    # the update's loops are calls in one computation: the entry, or (conditional)
-    # the branch that applies the step; other computations call fewer
+    # the update's loops are calls in one computation; other computations call fewer
     sizes = "|".join(map(str, SIZES))
     loops = [re.findall(rf"= f32\[({sizes})\]\{{0\}} fusion\(", computation)
              for computation in hlo.split("\n\n")]
     return [SIZES.index(int(n)) for n in max(loops, key=len)]
 
 
-@pytest.mark.parametrize("conditional", [False, True], ids=["predicated", "conditional"])
-def test_large_variables_run_their_loops_one_variable_after_another(order_small, conditional):
-    assert _loop_order(CLIP_ADAM, conditional) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+def test_large_variables_run_their_loops_one_variable_after_another(order_small):
+    assert _loop_order(CLIP_ADAM) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
-@pytest.mark.parametrize("conditional", [False, True], ids=["predicated", "conditional"])
-def test_small_variables_are_left_to_xla(conditional):
+def test_small_variables_are_left_to_xla():
     """Below SEQUENCE_MIN_SIZE XLA orders the loops kind by kind (the order the
     sequence exists to change, so this also shows the test above can fail)."""
-    order = _loop_order(CLIP_ADAM, conditional)
+    order = _loop_order(CLIP_ADAM)
     assert sorted(order) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert order != [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
@@ -80,12 +68,9 @@ def test_a_transform_that_mixes_variables_leaves_them_unordered(order_small):
     assert order != sorted(order)
 
 
-def _run(table: dict, steps: list[list[np.ndarray]], init: list[np.ndarray],
-         conditional: bool):
+def _run(table: dict, steps: list[list[np.ndarray]], init: list[np.ndarray]):
     variables = [tf.Variable(x) for x in init]
     pipe = gradpipe.build(table)
-    if conditional:
-        _conditional(pipe)
     step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
     applied = [bool(step([tf.constant(x) for x in g])) for g in steps]
     state = {k: v.numpy() for k, v in pipe.named_variables().items()}
@@ -102,9 +87,8 @@ def _steps(rng: np.random.Generator) -> list[list[np.ndarray]]:
     return steps
 
 
-@pytest.mark.parametrize("conditional", [False, True], ids=["predicated", "conditional"])
 @pytest.mark.parametrize("weights", ["finite", "one NaN weight"])
-def test_the_order_changes_no_number(monkeypatch, weights, conditional):
+def test_the_order_changes_no_number(monkeypatch, weights):
     """Bit for bit, skipped steps included. A variable whose weights are already
     NaN (check_updates = false lets its step apply) passes nothing to the next
     one: the link multiplies by exactly one."""
@@ -116,9 +100,9 @@ def test_the_order_changes_no_number(monkeypatch, weights, conditional):
         table = {**CLIP_ADAM, "pipeline": {"jit_compile": True, "check_updates": False}}
     steps = _steps(rng)
     monkeypatch.setattr(sequence, "SEQUENCE_MIN_SIZE", 1_000)
-    ordered = _run(table, steps, init, conditional)
+    ordered = _run(table, steps, init)
     monkeypatch.setattr(sequence, "SEQUENCE_MIN_SIZE", 10**9)
-    unordered = _run(table, steps, init, conditional)
+    unordered = _run(table, steps, init)
     assert ordered[2] == unordered[2] == [True, True, False, True, False, True, True]
     for a, b in zip(ordered[0], unordered[0]):
         np.testing.assert_array_equal(a, b)

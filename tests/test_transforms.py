@@ -186,9 +186,29 @@ def test_lars_closed_form():
 
 
 def test_weight_decay_must_follow_update_rule():
-    with pytest.raises(ConfigError, match="must come after an update rule"):
+    with pytest.raises(ConfigError) as raised:
         gradpipe.parse({"transforms": [{"kind": "weight_decay", "weight_decay": 0.1},
                                        {"kind": "sgd"}]})
+    message = str(raised.value)
+    assert "transforms[0].kind" in message and "must come after one" in message
+    assert "move it below transforms[1] ('sgd')" in message
+    assert "use 'l2'" in message  # what a user of the built-in may have meant
+
+
+def test_chain_order_error_is_worded_from_the_rule_broken():
+    """A third party's after_update_rule: the rule and the fix, no advice about decay."""
+    from conftest import register_transform
+    from gradpipe.plugin import Capabilities, Transform, no_state
+
+    register_transform("nudge_after", lambda cfg: Transform(no_state, lambda g, s, v: (g, s)),
+                       capabilities=Capabilities(after_update_rule=True))
+    with pytest.raises(ConfigError) as raised:
+        gradpipe.parse({"transforms": [{"kind": "nudge_after"}]})
+    message = str(raised.value)
+    assert "'nudge_after' changes the step an update rule computed" in message
+    assert "declares after_update_rule" in message
+    assert "add an update rule such as 'sgd' or 'adam' before it" in message
+    assert "decay" not in message and "l2" not in message
 
 
 def test_scheduled_weight_decay_under_xla():

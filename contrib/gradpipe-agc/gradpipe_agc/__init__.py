@@ -6,8 +6,15 @@ from typing import Any
 
 import attrs
 
-import gradpipe
-from gradpipe.fields import positive
+from gradpipe.plugin import (
+    Transform,
+    hookimpl,
+    hyper,
+    hyperparameter,
+    map_grads,
+    no_state,
+    positive,
+)
 
 __version__ = "0.1.0"
 
@@ -21,7 +28,7 @@ class AGCConfig:
         eps: floor of the weight norm, so zero-initialised weights still move.
     """
 
-    clipping: Any = gradpipe.hyperparameter(default=0.01, validator=positive())
+    clipping: Any = hyperparameter(default=0.01, validator=positive())
     eps: float = attrs.field(default=1e-3, validator=positive())
 
 
@@ -35,8 +42,8 @@ def unitwise_norm(x: Any) -> Any:
     return tf.sqrt(tf.reduce_sum(tf.square(x), axis=axes, keepdims=True))
 
 
-def agc(cfg: AGCConfig) -> gradpipe.Transform:
-    clipping = gradpipe.hyper(cfg.clipping)
+def agc(cfg: AGCConfig) -> Transform:
+    clipping = hyper(cfg.clipping)
 
     def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
         import tensorflow as tf
@@ -53,11 +60,11 @@ def agc(cfg: AGCConfig) -> gradpipe.Transform:
             clipped = g * (max_norm / tf.maximum(g_norm, 1e-6))
             return tf.where(g_norm > max_norm, clipped, g)
 
-        return gradpipe.map_grads(clip, grads, variables), state
+        return map_grads(clip, grads, variables), state
 
-    return gradpipe.Transform(gradpipe.no_state, update)
+    return Transform(no_state, update)
 
 
-@gradpipe.hookimpl
+@hookimpl
 def gradpipe_register_transforms(register: Any) -> None:
     register("agc", agc, AGCConfig)

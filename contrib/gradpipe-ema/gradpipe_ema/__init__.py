@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 import attrs
 
-import gradpipe
-from gradpipe.fields import in_range
+from gradpipe.plugin import Capabilities, Transform, hookimpl, hyper, hyperparameter, in_range
 
-GRADPIPE_PLUGIN_API = 1
+GRADPIPE_PLUGIN_API = 2
 
 
 @attrs.frozen(kw_only=True)
@@ -22,9 +21,7 @@ class EMAConfig:
         momentum: weight of the old average (Keras ``ema_momentum``).
     """
 
-    after_update_rule: ClassVar[bool] = True
-
-    momentum: Any = gradpipe.hyperparameter(default=0.99, validator=in_range(0.0, 1.0))
+    momentum: Any = hyperparameter(default=0.99, validator=in_range(0.0, 1.0))
 
 
 class EMAState(NamedTuple):
@@ -32,9 +29,9 @@ class EMAState(NamedTuple):
     average: list[Any]
 
 
-def ema(cfg: EMAConfig) -> gradpipe.Transform:
+def ema(cfg: EMAConfig) -> Transform:
     """Average ``w - update`` (the new weights); pass the updates through."""
-    momentum = gradpipe.hyper(cfg.momentum)
+    momentum = hyper(cfg.momentum)
 
     def init(variables: list[Any]) -> EMAState:
         import tensorflow as tf
@@ -57,7 +54,7 @@ def ema(cfg: EMAConfig) -> gradpipe.Transform:
             averages.append(m * avg + (1 - m) * tf.cast(new, avg.dtype))
         return updates, EMAState(state.count + 1, averages)
 
-    return gradpipe.Transform(init, update)
+    return Transform(init, update)
 
 
 @contextlib.contextmanager
@@ -66,7 +63,7 @@ def swap_ema(pipe: Any) -> Iterator[None]:
     import tensorflow as tf
 
     slots = pipe.transform_state("ema")
-    variables = pipe._state.model_variables
+    variables = pipe.model_variables
     averages = [slots[name] for name in slots if name.startswith("average/")]
     saved = [tf.identity(v) for v in variables]
     for var, avg in zip(variables, averages):
@@ -78,6 +75,6 @@ def swap_ema(pipe: Any) -> Iterator[None]:
             var.assign(value)
 
 
-@gradpipe.hookimpl
+@hookimpl
 def gradpipe_register_transforms(register: Any) -> None:
-    register("ema", ema, EMAConfig)
+    register("ema", ema, EMAConfig, capabilities=Capabilities(after_update_rule=True))

@@ -6,10 +6,9 @@ from typing import Any, ClassVar, NamedTuple
 
 import attrs
 
-import gradpipe
-from gradpipe.fields import non_negative
+from gradpipe.plugin import Transform, hookimpl, non_negative
 
-GRADPIPE_PLUGIN_API = 1
+GRADPIPE_PLUGIN_API = 2
 
 
 @attrs.frozen(kw_only=True)
@@ -40,7 +39,7 @@ def noise_stddev(eta: float, gamma: float, t: Any) -> Any:
     return tf.sqrt(eta / tf.pow(1.0 + tf.cast(t, tf.float32), gamma))
 
 
-def gradient_noise(cfg: NoiseConfig) -> gradpipe.Transform:
+def gradient_noise(cfg: NoiseConfig) -> Transform:
     """Add N(0, eta / (1 + t)^gamma) to every gradient element."""
 
     def init(variables: list[Any]) -> NoiseState:
@@ -52,7 +51,7 @@ def gradient_noise(cfg: NoiseConfig) -> gradpipe.Transform:
         import tensorflow as tf
 
         std = noise_stddev(cfg.eta, cfg.gamma, state.count)
-        out = []
+        out: list[Any] = []
         for i, g in enumerate(grads):
             if g is None:
                 out.append(None)
@@ -63,9 +62,9 @@ def gradient_noise(cfg: NoiseConfig) -> gradpipe.Transform:
             out.append(g + noise * tf.cast(std, g.dtype))
         return out, NoiseState(state.count + 1)
 
-    return gradpipe.Transform(init, update)
+    return Transform(init, update)
 
 
-@gradpipe.hookimpl
+@hookimpl
 def gradpipe_register_transforms(register: Any) -> None:
     register("gradient_noise", gradient_noise, NoiseConfig)

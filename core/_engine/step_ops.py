@@ -7,7 +7,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from .transform import record_squared_norm, sum_of_squares
+from ..tensors import all_finite
+from ..transform import in_xla_function, record_squared_norm, sum_of_squares
 
 
 def unscale(g: Any, scale: tf.Tensor, dtype: tf.DType, reciprocal: bool) -> Any:
@@ -24,19 +25,30 @@ def unscale(g: Any, scale: tf.Tensor, dtype: tf.DType, reciprocal: bool) -> Any:
     return tf.cast(g, dtype) / tf.cast(scale, dtype)
 
 
-def slice_values(g: Any) -> tf.Tensor:
-    return g.values if isinstance(g, tf.IndexedSlices) else g
-
-
-def all_finite(tensors: Sequence[Any]) -> tf.Tensor:
-    """One scalar: every non-None tensor is finite (IndexedSlices: values; bool: true)."""
-    checks = [t if t.dtype == tf.bool else tf.reduce_all(tf.math.is_finite(t))
-              for t in (slice_values(t) for t in tensors if t is not None)]
-    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+def finite_outputs(outputs: Sequence[Any], state: Sequence[Any]) -> tf.Tensor:
+    """Whether a transform's updates and new state are all finite, from one sum over
+    them; the sum of the updates' squares is recorded for the next transform (its
+    global norm, a proof's bound). Compiled, each square carries ``+ x*0``, so the
+    sum is NaN exactly where an element is not finite: no conditional, whose
+    operands would be the size of the parameters. Elsewhere only a sum that
+    overflows (or is NaN) has the elements checked one by one."""
+    updates = [u for u in outputs if u is not None]
+    seen = {id(u) for u in updates}  # a state that is its updates (an EMA) is summed once
+    leaves = [t for t in state if isinstance(t, (tf.Tensor, tf.Variable))
+              and t.dtype.is_floating and id(t) not in seen]
+    compiled = in_xla_function()
+    total = sum_of_squares(updates, nan_unless_finite=compiled)
+    record_squared_norm(list(outputs), total)
+    if leaves:
+        total = total + sum_of_squares(leaves, nan_unless_finite=compiled)
+    if compiled:
+        return tf.logical_not(tf.math.is_nan(total))
+    return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True),
+                   lambda: all_finite(updates + leaves))
 
 
 def finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled: Any,
-                            scale: tf.Tensor) -> tf.Tensor:
+                            scale: tf.Tensor | None) -> tf.Tensor:
     """Whether every gradient is finite, from the pass that also yields their norm.
 
     Dense gradients: the float32 sum of squares is finite exactly when every
@@ -73,7 +85,7 @@ def real_branch_marker(counter: tf.Variable) -> tf.Tensor:
     selects: the update is then computed on every call, skipped or not, and
     every new slot value is computed from old values that the in-place writes
     overwrite, so XLA first copies every slot. One such op keeps the update a
-    real conditional, measured 12-16% faster (docs/performance.md).
+    real conditional, measured 12-16% faster (benchmarks/HISTORY.md).
     """
     value = counter.read_value()
     return tf.math.cumsum(tf.stack([value, value + 1]))[1] > value
@@ -84,3 +96,18 @@ def subtract_update(var: tf.Variable, update: Any) -> Any:
         return var.scatter_sub(tf.IndexedSlices(tf.cast(update.values, var.dtype),
                                                 update.indices, update.dense_shape))
     return var.assign_sub(tf.cast(update, var.dtype))
+
+
+def value_after(variable: Any, write: Any) -> tf.Tensor:
+    """A scalar of ``variable``'s value once ``write`` has run: a data dependency on
+    the write, which XLA orders by (it ignores control dependencies)."""
+    with tf.control_dependencies([write]):
+        return tf.reduce_sum(tf.reshape(variable.read_value(), [-1])[:1])
+
+
+def exactly_one_after(value: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """1 in ``dtype``, computed from ``value``: multiplying by it changes nothing, bit
+    for bit (no NaN can leak from ``value``), yet orders the product after ``value``.
+    ``0 * c`` with ``c`` in {0, 1} is exact, and no simplification removes it."""
+    used = tf.cast(tf.math.is_finite(tf.cast(value, tf.float32)), dtype)
+    return 1 - 0 * used

@@ -1,51 +1,47 @@
-"""The Pipeline: a ``tf.Module`` that owns all state and applies one step.
+"""The Pipeline: a ``tf.Module`` that owns all state, made of its parts.
 
-One call of :meth:`Pipeline.apply_gradients` does, in order (the user guide,
-"What one step does"):
-
-1. reduce gradients across replicas once, through the placement;
-2. unscale by the loss scale and decide finiteness on the reduced gradients;
-   the loss scaler updates its scale;
-3. accumulate micro-batches when ``accumulation_steps > 1``;
-4. if the step is finite (and completes an accumulation window), run the
-   transforms in file order and subtract the result from the variables.
-
-A skipped step changes no variable, no transform state and not
-``iterations``. Every new value is computed before the first assignment, so a
-failure leaves all variables as they were.
+Built from a spec, it holds the components (placement, loss scaler,
+schedules, transforms, criteria) and the counters. ``build(variables)`` adds
+the rest: the :class:`~gradpipe._engine.plan.Plan` (how a step runs), the
+:class:`~gradpipe._engine.state.StateStore` (every state variable, by name)
+and the :class:`~gradpipe._engine.step.Step` that runs it. One call of
+``apply_gradients`` is one step (the user guide, "What one step does").
 """
 
 from __future__ import annotations
 
-import inspect
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import tensorflow as tf
 
-from .build import build_component, component_spec
-from .distribute import build_eagerly_once
-from .errors import GradpipeError
-from .fields import ScheduleRef
+from ..components import build_component, component_spec
+from ..distribute import build_eagerly_once
+from ..errors import GradpipeError, PlacementError
+from ..fields import ScheduleRef
+from ..names import scope_name, variable_path
+from ..registry import Registry, get_registry
+from ..spec import ComponentSpec, PipelineSpec
+from ..transform import BuildContext, build_scope, hyper
+from .layout import LayoutState
 from .learning_rate import LearningRate
-from .registry import Registry, get_registry
-from .spec import ComponentSpec, PipelineSpec
-from .state import StateStore
-from .step import StepEngine
+from .packed import elementwise_mismatch
+from .plan import Choice, Plan, compiled_or_why_not, make_plan, random_draws
+from .proofs import proof_for
+from .selection import frozen_variables, transform_masks
+from .state import Counters, StateStore
+from .step import Step
 from .summaries import scheduled_hyperparameters
-from .transform import BuildContext, build_scope
 
 
-class Pipeline(StepEngine, tf.Module):
+class Pipeline(tf.Module):
     """A built gradient pipeline. Create it with ``gradpipe.load``/``gradpipe.build``."""
 
     def __init__(self, spec: PipelineSpec, registry: Registry | None = None) -> None:
         super().__init__(name="gradpipe")
         self._spec = spec
-        registry = registry or get_registry()
-        self._registry = registry
+        self._registry = registry = registry or get_registry()
         self.placement = build_component(spec.placement, registry) if spec.placement \
             else None
         self._built_schedules: dict[str, Any] = {}
@@ -54,17 +50,12 @@ class Pipeline(StepEngine, tf.Module):
         # and no merge_call is needed inside the step's tf.cond (which
         # ONLY_FIRST_REPLICA would require, and which fails in a replica context).
         with self.strategy.scope():
-            self._iterations = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                           name="iterations")
-            self._skipped = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                        name="skipped_steps")
-            self._micro_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                            name="micro_steps")
-            # The state layout (names and shapes), saved with every checkpoint: a
-            # restore pairs its names with this pipeline's and fails naming what
-            # differs. Python state, not a string variable: MultiWorkerMirrored
-            # cannot broadcast those.
-            self._layout = _LayoutState(self)
+            self._iterations, self._skipped, self._micro_steps = (
+                tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
+                for name in ("iterations", "skipped_steps", "micro_steps"))
+            # The state layout, saved with every checkpoint: a restore pairs its
+            # names with this pipeline's and fails naming what differs.
+            self._layout = LayoutState(self.layout, self._restore_layout)
             self._context = BuildContext(step=self._iterations.read_value,
                                          resolve_schedule=self._resolve_schedule)
             self._rate = LearningRate(spec)
@@ -75,22 +66,32 @@ class Pipeline(StepEngine, tf.Module):
                 self._transforms = [build_component(t, registry) for t, _ in built]
                 # tracked, so that checkpoints hold it (None where it cannot be set)
                 self._learning_rate_variable = self._rate.create_variable(built)
+                self._proofs = [proof_for(t) for t, _ in built]
+                self._kernel = self._build_kernel(built[-1][0])
                 self.criteria = [build_component(c, registry) for c in spec.convergence]
-                self._learning_rate = _first_learning_rate(spec)
+                rules = [t for t, _ in built if t.capabilities.update_rule
+                         and hasattr(t.config, "learning_rate")]
+                self._first_rate = hyper(rules[0].config.learning_rate) if rules else None
                 self._scheduled = scheduled_hyperparameters(spec)
         self._attach_loss_scaler()
-        self._state = StateStore(self, spec)
-        self._pre_reduce = self._clipping_before_reduce()
-        self._guard = self._update_guard()
-        # One XLA function for the whole update: fusion across every variable.
-        self._compiled_step = tf.function(self._step, jit_compile=True, autograph=False)
-        self._compiling = False
+        self._state = StateStore(spec)
+        self._plan: Plan | None = None
+        self._step: Step | None = None
 
     # -- public API --------------------------------------------------------
 
     @property
     def spec(self) -> PipelineSpec:
         return self._spec
+
+    @property
+    def plan(self) -> Plan:
+        """How a step runs (XLA, packing, in place, how outputs are known finite), each
+        with its reason; ``print(pipe.plan)``. Made when the pipeline is built."""
+        if self._plan is None:
+            raise GradpipeError("the plan depends on the variables: build the pipeline "
+                                "first (pipe.build(variables), or its first step)")
+        return self._plan
 
     @property
     def strategy(self) -> tf.distribute.Strategy:
@@ -105,6 +106,11 @@ class Pipeline(StepEngine, tf.Module):
     def skipped_steps(self) -> tf.Variable:
         """Number of calls skipped for non-finite gradients."""
         return self._skipped
+
+    @property
+    def model_variables(self) -> list[Any]:
+        """The variables the pipeline was built for, in the order it was given them."""
+        return list(self._state.model_variables)
 
     @property
     def loss_scale(self) -> tf.Tensor:
@@ -123,9 +129,9 @@ class Pipeline(StepEngine, tf.Module):
         """
         if self._rate.variable is not None:
             return self._rate.variable.read_value()
-        if self._learning_rate is None:
+        if self._first_rate is None:
             return tf.constant(float("nan"), tf.float32)
-        return self._learning_rate()
+        return self._first_rate()
 
     @learning_rate.setter
     def learning_rate(self, value: Any) -> None:
@@ -139,7 +145,7 @@ class Pipeline(StepEngine, tf.Module):
         Stops when any ``[[convergence]]`` criterion converges. Returns a
         :class:`gradpipe.convergence.MinimizeResult`.
         """
-        from .convergence import minimize
+        from ..convergence import minimize
 
         return minimize(self, loss_fn, var_list, max_steps, trace_fn=trace_fn,
                         return_full_length_trace=return_full_length_trace,
@@ -209,18 +215,48 @@ class Pipeline(StepEngine, tf.Module):
 
     def build(self, variables: Sequence[tf.Variable]) -> None:
         """Create all state for ``variables`` now (also done on first use)."""
-        if self.placement is not None and self.strategy.num_replicas_in_sync > 1:
+        replicas = int(self.strategy.num_replicas_in_sync)
+        if self.placement is not None and replicas > 1:
             self.placement.check_can_update_mirrored()
             if self._spec.options.jit_compile is True:
-                from .errors import PlacementError
-
                 raise PlacementError(
                     "[pipeline] jit_compile = true compiles the update for one device; "
-                    f"this placement has {self.strategy.num_replicas_in_sync} replicas. "
-                    "Compile the whole replica step instead, or turn jit_compile off")
+                    f"this placement has {replicas} replicas. Compile the whole replica "
+                    "step instead, or turn jit_compile off")
         if self._state.built:
             return
-        self._state.build(list(variables))
+        variables = list(variables)
+        paths = [variable_path(v) for v in variables]
+        masks = transform_masks(self._spec, paths)
+        frozen = frozen_variables(self._spec, paths, masks)
+        plan = make_plan(
+            self._spec, variables=variables, masks=masks, frozen=frozen,
+            proved=[p is not None for p in self._proofs], has_kernel=self._kernel is not None,
+            replicas=replicas, clip_per_replica=bool(
+                getattr(self.placement, "clip_before_reduce", False)),
+            elementwise_probe=lambda i: elementwise_mismatch(self._transforms[i],
+                                                             self._context))
+        self._state.build(variables, transforms=self._transforms, strategy=self.strategy,
+                          masks=masks, frozen=frozen, pack=plan.pack.on)
+        step = Step(spec=self._spec, transforms=self._transforms, kernel=self._kernel,
+                    proofs=self._proofs, state=self._state, plan=plan,
+                    counters=Counters(iterations=self._iterations, skipped=self._skipped,
+                                      micro_steps=self._micro_steps),
+                    loss_scaler=self.loss_scaler, context=self._context, replicas=replicas,
+                    reduce=self.placement.reduce if self.placement else list,
+                    pipeline=self, scheduled=self._scheduled)
+        if plan.compile.on:
+            names = {scope_name(i, t.name): t.name for i, t in enumerate(self._spec.transforms)}
+            if self._spec.options.jit_compile == "auto":
+                why = compiled_or_why_not(step.compiled, step.trial_arguments(), names)
+                if why:
+                    plan = step.plan = attrs.evolve(
+                        plan, compile=Choice(False, f'"auto": {why}'),
+                        sequence=Choice(False, "the step is not compiled"))
+            elif draws := random_draws(step.compiled, step.trial_arguments(), names):
+                plan = step.plan = attrs.evolve(plan, compile=Choice(
+                    True, f"jit_compile = true, although {draws}"))
+        self._plan, self._step = plan, step
         pending, self._state.pending_restore = self._state.pending_restore, None
         if pending is not None:  # a checkpoint restored before the state existed
             self._state.restore_by_name(pending, self.layout(), "the restored checkpoint")
@@ -240,78 +276,69 @@ class Pipeline(StepEngine, tf.Module):
                                 f"{exc}") from None
         tf.train.Checkpoint(**{key: self}).restore(path).expect_partial()
 
-    def _restore_layout(self, saved: dict[str, list[int]]) -> None:
-        """A checkpoint's layout, restored after TensorFlow deferred each saved
-        state entry: pair them with this state now, or when it is built."""
-        if self._state.built:
-            self._state.restore_by_name(saved, self.layout(), "the checkpoint")
-        else:
-            self._state.pending_restore = saved
-
     @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> tf.Tensor:
         """Apply gradients of the scaled loss; return whether the step was applied."""
         pairs = list(grads_and_vars)
         if not pairs:
             raise GradpipeError("apply_gradients() got no (gradient, variable) pairs")
-        if not self._state.built:
+        if self._step is None:
             variables = [v for _, v in pairs]
             build_eagerly_once(lambda: self.build(variables))
-        grads = self._state.align(pairs)
-        if all(g is None for g in grads):
-            raise GradpipeError("no gradients provided for any variable")
-        if self.placement is not None:
-            if self._pre_reduce:  # clip_before_reduce: clip each replica's gradients
-                grads = self._run_chain(grads, only=self._pre_reduce)[0]
-            grads = self.placement.reduce(grads)  # once, batched
-        packing, present = self._state.packing, None
-        if packing is not None:
-            present = packing.present(grads)
-            grads = [packing.pack(grads)]
-        self._compiling = self._should_compile(grads)
-        applied = (self._compiled_step if self._compiling else self._step)(grads, present)
-        return applied if packing is None else self._subtract_packed(applied)
+        assert self._step is not None
+        return self._step.apply(pairs)
+
+    def path(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> str:
+        """Which path a step with these gradients takes here and now ("compiled",
+        "in place" or "plain (why)"): the plan's choice, and what only a trace knows
+        (sparse gradients, a summary writer, a strategy)."""
+        pairs = list(grads_and_vars)
+        if self._step is None:
+            self.build([v for _, v in pairs])
+        assert self._step is not None
+        return self._step.path(pairs)
+
+    def compiled_hlo(self, grads_and_vars: Iterable[tuple[Any, Any]],
+                     stage: str = "optimized_hlo") -> str:
+        """What XLA makes of the compiled step for these gradients (``stage``: "hlo"
+        or "optimized_hlo"), for inspecting the fused step; the plan must compile."""
+        pairs = list(grads_and_vars)
+        if self._step is None:
+            self.build([v for _, v in pairs])
+        assert self._step is not None and self._plan is not None
+        if not self._plan.compile.on:
+            raise GradpipeError(f"this pipeline's step is not compiled: {self._plan.compile}")
+        return self._step.compiled_hlo(pairs, stage)
 
     def add_loss_scale(self, table: Mapping[str, Any]) -> None:
         """Give a pipeline without ``[loss_scale]`` the loss scaler that ``table``
-        describes (a TOML-shaped table), before its first step.
+        describes (a TOML-shaped table), before it is built.
 
         The Keras adapters call it under the ``mixed_float16`` policy, as Keras's
         ``compile`` wraps a plain optimizer in a ``LossScaleOptimizer``. The
         resolved TOML (``to_toml``, a ``.keras`` file) then includes it.
         """
         if self.loss_scaler is not None:
-            raise GradpipeError("this pipeline has a loss scaler already: "
-                                f"{self._spec.loss_scale.name if self._spec.loss_scale else ''}")
-        if int(self._iterations.numpy()) or int(self._skipped.numpy()):
-            raise GradpipeError("a loss scaler can only be added before the first step")
+            raise GradpipeError("this pipeline has a loss scaler already")
+        if self._step is not None:
+            raise GradpipeError("a loss scaler can only be added before the pipeline "
+                                "is built")
         spec = component_spec("loss_scale", table, registry=self._registry)
         self._spec = attrs.evolve(self._spec, loss_scale=spec)
         self._attach_loss_scaler()
+
+    # -- parts -------------------------------------------------------------
 
     def _attach_loss_scaler(self) -> None:
         spec = self._spec.loss_scale
         with self.strategy.scope(), build_scope(self._context):
             self.loss_scaler = build_component(spec, self._registry) if spec else None
-        self._scaler_takes_finite = self.loss_scaler is not None and "finite" in \
-            inspect.signature(self.loss_scaler.update).parameters
-        # No scaler: the scale is 1, a power of two (the norm is then also summed by the
-        # fast L2Loss kernel outside XLA, and unscaling multiplies by exactly 1).
-        self._power_of_two_scale = self.loss_scaler is None or bool(
-            getattr(self.loss_scaler, "power_of_two", False))
 
-    def _clipping_before_reduce(self) -> set[int]:
-        """Leading clipping transforms to run per replica (``clip_before_reduce``)."""
-        if not getattr(self.placement, "clip_before_reduce", False):
-            return set()
-        leading = set()
-        for i, t in enumerate(self._spec.transforms):
-            if not getattr(type(t.config), "gradient_clipping", False):
-                break
-            leading.add(i)
-        return leading
-
-    # -- the step ----------------------------------------------------------
+    def _build_kernel(self, last: ComponentSpec) -> Any:
+        """The last transform's fused in-place kernel, where its plugin registered one."""
+        comp = self._registry.get("transform", f"{last.dist}>{last.name}" if last.dist
+                                  else last.name)
+        return comp.kernel(last.config) if comp.kernel is not None else None
 
     def _resolve_schedule(self, value: Any) -> Any:
         if isinstance(value, ScheduleRef):
@@ -322,31 +349,10 @@ class Pipeline(StepEngine, tf.Module):
         assert isinstance(value, ComponentSpec)
         return build_component(value, self._registry)
 
-
-class _LayoutState(tf.train.experimental.PythonState):
-    """The pipeline's state layout (name -> shape) as JSON, in every checkpoint.
-
-    TensorFlow restores Python state after it has looked up every other saved
-    object of the restore, which is when the state's entries can be paired.
-    """
-
-    def __init__(self, pipeline: Pipeline) -> None:
-        self._pipeline = pipeline
-
-    def serialize(self) -> str:
-        return json.dumps(self._pipeline.layout(), sort_keys=True)
-
-    def deserialize(self, string_value: Any) -> None:
-        text = string_value.decode() if isinstance(string_value, bytes) else string_value
-        self._pipeline._restore_layout(json.loads(text) if text else {})
-
-
-def _first_learning_rate(spec: PipelineSpec) -> Any:
-    """``hyper()`` of the first update rule's ``learning_rate`` (call in a build scope)."""
-    from .transform import hyper
-
-    for t in spec.transforms:
-        if getattr(type(t.config), "update_rule", False) and hasattr(t.config,
-                                                                      "learning_rate"):
-            return hyper(t.config.learning_rate)
-    return None
+    def _restore_layout(self, saved: dict[str, list[int]]) -> None:
+        """A checkpoint's layout, restored after TensorFlow deferred each saved
+        state entry: pair them with this state now, or when it is built."""
+        if self._state.built:
+            self._state.restore_by_name(saved, self.layout(), "the checkpoint")
+        else:
+            self._state.pending_restore = saved

@@ -10,8 +10,8 @@ set one that follows a ``LearningRateSchedule``.
 
 A new value is validated as the file's value was, by each rule's config
 (``learning_rate = -1`` fails as it would in TOML), and must keep what the
-config proved when the step was built (``preserves_finite``): the step relies
-on it to skip the per-element check of the updates. Every way to set the
+engine proved when the step was built (:mod:`gradpipe._engine.proofs`): the
+step relies on it to skip the check of the updates. Every way to set the
 rate goes through :meth:`LearningRate.set`; the variable is never handed out.
 """
 
@@ -22,15 +22,16 @@ from typing import Any
 
 import attrs
 
-from .errors import GradpipeError
-from .fields import is_constant
-from .spec import ComponentSpec, PipelineSpec
-from .transform import SettableRate
+from ..errors import GradpipeError
+from ..fields import is_constant
+from ..spec import ComponentSpec, PipelineSpec
+from ..transform import SettableRate
+from .proofs import provable
 
 
 def _rules(spec: PipelineSpec) -> list[ComponentSpec]:
-    return [t for t in spec.transforms if getattr(type(t.config), "update_rule", False)
-            and hasattr(t.config, "learning_rate")]
+    return [t for t in spec.transforms
+            if t.capabilities.update_rule and hasattr(t.config, "learning_rate")]
 
 
 def _shared_constant(rules: list[ComponentSpec]) -> tuple[float | None, str]:
@@ -103,10 +104,9 @@ class LearningRate:
             except (ValueError, TypeError) as exc:
                 raise GradpipeError(f"{t.path}.learning_rate = {number} is not valid for "
                                     f"{t.name}: {exc}") from None
-            if getattr(t.config, "preserves_finite", False) and not getattr(
-                    changed, "preserves_finite", False):
+            if provable(t) and not provable(t, changed):
                 raise GradpipeError(
                     f"{t.path}.learning_rate = {number} is beyond the bound under which "
-                    f"{t.name} proves its updates finite, which this pipeline's step was "
-                    "built on; build a pipeline with that rate in its file instead")
+                    f"gradpipe proves {t.name}'s updates finite, which this pipeline's step "
+                    "was built on; build a pipeline with that rate in its file instead")
         self.variable.assign(number)

@@ -4,7 +4,7 @@ TensorFlow Recommenders models run only on tf-keras, whose ``compile`` accepts
 only its own optimizers. This adapter is one: a tf-keras ``Optimizer`` that
 is also a ``LossScaleOptimizer`` to ``compile`` (so it is not wrapped under
 ``mixed_float16``), and whose ``minimize`` and ``apply_gradients`` hand the
-step to the pipeline (:mod:`gradpipe.keras_common` says what both adapters
+step to the pipeline (:mod:`gradpipe._engine.keras_common` says what both adapters
 share). ``apply_gradients`` takes the gradients of the scaled loss, as a
 tf-keras ``LossScaleOptimizer`` does; without a loss scaler they are the
 plain gradients, which is what ``tfrs.models.Model.train_step`` passes.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .distribute import build_eagerly_once
-from .errors import GradpipeError
+from ..distribute import build_eagerly_once
+from ..errors import GradpipeError
 from .keras_common import AdapterMethods, add_keras_loss_scale, pipeline_from_toml, scale_loss
 
 _CLASS: Any = None
@@ -23,7 +23,7 @@ _CLASS: Any = None
 
 def pipeline_optimizer(pipe: Any, name: str = "gradpipe") -> Any:
     # tf-keras's LossScaleOptimizer metaclass passes the first argument positionally
-    return optimizer_class()(pipe, name=name)
+    return optimizer_class(type(pipe))(pipe, name=name)
 
 
 class _CallableList(list):
@@ -76,8 +76,9 @@ class LearningRateHandle:
         return f"<gradpipe learning rate {float(self)}>"
 
 
-def optimizer_class() -> Any:
-    """The tf-keras optimizer class (created once, on first use)."""
+def optimizer_class(pipeline_type: type) -> Any:
+    """The tf-keras optimizer class (created once, on first use); it rebuilds a
+    ``pipeline_type`` from the TOML a saved model holds."""
     global _CLASS
     if _CLASS is not None:
         return _CLASS
@@ -93,7 +94,7 @@ def optimizer_class() -> Any:
         def __init__(self, pipeline: Any = None, name: str = "gradpipe",
                      pipeline_toml: str | None = None, **kwargs: Any) -> None:
             tf_keras.optimizers.Optimizer.__init__(self, name=name)
-            self.pipeline = pipeline_from_toml(pipeline, pipeline_toml)
+            self.pipeline = pipeline_from_toml(pipeline_type, pipeline, pipeline_toml)
 
         # -- what tf-keras calls -------------------------------------------
 

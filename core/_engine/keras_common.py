@@ -17,8 +17,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from .errors import GradpipeError
-from .names import matched_layout
+from ..errors import GradpipeError
+from ..names import matched_layout
 
 #: The loss scaling each Keras's ``compile`` adds under ``mixed_float16``: Keras 3's
 #: ``LossScaleOptimizer`` has no floor; tf-keras's keeps the scale at least 1.
@@ -93,7 +93,7 @@ def load_state(pipe: Any, store: Any) -> None:
         expected[name].assign(store[saved[old]])
 
 
-def pipeline_from_toml(pipeline: Any, toml: str | None) -> Any:
+def pipeline_from_toml(pipeline_type: type, pipeline: Any, toml: str | None) -> Any:
     """The pipeline an adapter is given, or the one its saved TOML describes."""
     if pipeline is not None:
         return pipeline
@@ -101,10 +101,9 @@ def pipeline_from_toml(pipeline: Any, toml: str | None) -> Any:
         raise GradpipeError("a gradpipe Keras optimizer needs a pipeline or its TOML")
     import tomllib
 
-    from .api import build
+    from ..config import parse_mapping
 
-    return build(tomllib.loads(toml))
-
+    return pipeline_type(parse_mapping(tomllib.loads(toml)))
 
 class AdapterMethods:
     """What the Keras 3 and the tf-keras adapter classes do alike (a base listed

@@ -3,7 +3,7 @@
 Keras 3 would clip per replica, all-reduce again inside ``apply_gradients``,
 decide finiteness on replica 0 and, under ``mixed_float16``, wrap the
 optimizer in a ``LossScaleOptimizer``. The adapter overrides ``apply``
-entirely (:mod:`gradpipe.keras_common` says what both adapters share); it
+entirely (:mod:`gradpipe._engine.keras_common` says what both adapters share); it
 subclasses ``LossScaleOptimizer`` only so that ``compile`` does not wrap it,
 and none of that class's state or logic is used.
 """
@@ -12,19 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from .distribute import build_eagerly_once
-from .errors import GradpipeError
+from ..distribute import build_eagerly_once
+from ..errors import GradpipeError
 from .keras_common import AdapterMethods, add_keras_loss_scale, pipeline_from_toml, scale_loss
 
 _CLASS: Any = None
 
 
 def pipeline_optimizer(pipe: Any, name: str = "gradpipe") -> Any:
-    return optimizer_class()(pipeline=pipe, name=name)
+    return optimizer_class(type(pipe))(pipeline=pipe, name=name)
 
 
-def optimizer_class() -> Any:
-    """The Keras optimizer class (created once, on first use, so Keras loads lazily)."""
+def optimizer_class(pipeline_type: type) -> Any:
+    """The Keras optimizer class (created once, on first use, so Keras loads lazily);
+    it rebuilds a ``pipeline_type`` from the TOML a saved model holds."""
     global _CLASS
     if _CLASS is not None:
         return _CLASS
@@ -38,7 +39,7 @@ def optimizer_class() -> Any:
                      pipeline_toml: str | None = None, **kwargs: Any) -> None:
             # Skip LossScaleOptimizer.__init__: the pipeline does the scaling.
             keras.optimizers.Optimizer.__init__(self, learning_rate=0.0, name=name)
-            self.pipeline = pipeline_from_toml(pipeline, pipeline_toml)
+            self.pipeline = pipeline_from_toml(pipeline_type, pipeline, pipeline_toml)
 
         # -- what Keras calls ----------------------------------------------
 

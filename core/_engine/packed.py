@@ -2,13 +2,15 @@
 
 With many small variables a step is bound by the number of ops it launches,
 not by memory bandwidth: a per-variable chain costs some twenty ops per
-variable. When every transform of the chain is ``elementwise`` (its update at
-one element depends only on that element and on scalars shared by all), the
-chain gives the same result on all gradients concatenated into one vector.
+variable. When every transform of the chain is elementwise (its update at one
+element depends only on that element and on scalars shared by all), the chain
+gives the same result on all gradients concatenated into one vector. No
+transform is taken at its word: ``elementwise_mismatch`` runs each packed and
+variable by variable on the same numbers before its state is packed.
 The engine then keeps each state tensor as one packed ``tf.Variable``, runs
 the chain once on the packed gradients (one XLA function where that is
 allowed) and subtracts each variable's slice of the packed update: three ops
-per variable. docs/performance.md measures it.
+per variable. benchmarks/HISTORY.md measures it.
 
 Checkpoints do not change: each variable's slice of a packed slot is saved
 under the name its own slot variable would have (:class:`SlotView`), so a
@@ -25,33 +27,6 @@ import tensorflow as tf
 
 # The per-variable path of an unpacked leaf name: replaced by each variable's path.
 PACKED_PATH = "*"
-
-# "auto" packs where the per-variable step would not be compiled for its many or
-# small variables, as long as there are enough of them for the op count to matter.
-AUTO_PACK_MIN_VARIABLES = 16
-
-
-def packing_blocker(pipe: Any, variables: Sequence[Any]) -> str:
-    """Why ``variables`` cannot be packed for ``pipe`` ("" if they can)."""
-    spec = pipe.spec
-    not_elementwise = [t.name for t in spec.transforms
-                       if not getattr(t.config, "elementwise", False)]
-    if not_elementwise:
-        return f"transforms {', '.join(not_elementwise)} do not declare elementwise"
-    if pipe._pre_reduce:
-        return "clip_before_reduce clips each replica's gradients separately"
-    if pipe.strategy.num_replicas_in_sync > 1 or tf.distribute.has_strategy():
-        return "the step runs under a distribution strategy"
-    if spec.options.accumulation_steps > 1:
-        return "accumulation_steps > 1 keeps one accumulator per variable"
-    if spec.options.freeze or any(t.extra.get("variables") or t.extra.get("exclude")
-                                  for t in spec.transforms):
-        return "freeze, variables or exclude select among the variables"
-    if any(v.dtype != tf.float32 for v in variables):
-        return "not every variable is float32"
-    if any(v.shape.num_elements() is None for v in variables):
-        return "a variable has an unknown shape"
-    return ""
 
 
 class PackedLayout:
@@ -87,16 +62,27 @@ def _flat(t: tf.Tensor) -> tf.Tensor:
     return t if t.shape.rank == 1 else tf.reshape(t, [-1])
 
 
+class NameOfPackedVariables(AttributeError):
+    """A transform read a variable's name, which packed variables do not have."""
+
+
 class PackedVariables:
-    """What an ``elementwise`` transform gets as ``variables`` when packed: one
-    float32 vector of all of them, read (concatenated) only if converted."""
+    """What an elementwise transform gets as ``variables`` when packed: one float32
+    vector of all of them, read (concatenated) only if converted. It has no name:
+    a transform that reads one (to exclude biases by a pattern, say) treats
+    variables differently by name, and must not be packed."""
 
     def __init__(self, layout: PackedLayout, variables: Sequence[Any]) -> None:
         self._layout = layout
         self._variables = list(variables)
         self.shape = tf.TensorShape([layout.total])
         self.dtype = tf.float32
-        self.name = "packed_variables"
+
+    @property
+    def name(self) -> str:
+        raise NameOfPackedVariables("packed variables have no name")
+
+    path = name
 
     def read_value(self) -> tf.Tensor:
         return self._layout.pack([v.read_value() for v in self._variables])
@@ -150,3 +136,59 @@ class SlotView(tf.__internal__.tracking.Trackable):
 for _cls in (SlotView, PackedVariables):
     tf.register_tensor_conversion_function(
         _cls, lambda x, dtype=None, name=None, as_ref=False: x.read_value())
+
+
+def elementwise_mismatch(transform: Any, context: Any) -> str:
+    """Whether ``transform`` gives packed what it gives variable by variable: "" if it
+    does, else how it differs. Three small variables of different shapes and
+    names, three steps of gradients at scales 1e-3 to 1e3, one of them missing: a
+    transform that reads a variable's own norm, size, shape or name gives other
+    numbers packed, and is run variable by variable."""
+    import numpy as np
+
+    from ..transform import build_scope
+
+    rng = np.random.default_rng(0)
+    shapes = {"dense/kernel": (2, 3), "dense/bias": (5,), "embedding/embeddings": (1, 2, 2)}
+    variables = [tf.Variable(np.linspace(-1, 1, int(np.prod(s)), dtype="f4").reshape(s),
+                             name=name) for name, s in shapes.items()]
+    layout = PackedLayout(variables)
+    steps: list[list[Any]] = [[rng.normal(size=s).astype("f4") * scale
+                               for s in shapes.values()] for scale in (1e-3, 1.0, 1e3)]
+    steps[1][1] = None  # a variable without a gradient
+    try:
+        with build_scope(context):
+            split = transform.init(variables)
+            packed = transform.init([tf.zeros([layout.total])])
+            wrong = [t.shape for t in tf.nest.flatten(packed)
+                     if tf.convert_to_tensor(t).shape.rank not in (0, None)
+                     and tf.convert_to_tensor(t).shape != [layout.total]]
+            if wrong:
+                return (f"keeps state of shape {wrong[0]} for one packed vector of "
+                        f"{layout.total}")
+            stand_in = [PackedVariables(layout, variables)]
+            for grads in steps:
+                context.shared.clear()
+                ours, split = transform.update(
+                    [None if g is None else tf.constant(g) for g in grads], split, variables)
+                context.shared.clear()
+                theirs, new = transform.update(
+                    [layout.pack([None if g is None else tf.constant(g) for g in grads])],
+                    packed, stand_in)
+                present = layout.present(grads)  # as the step does: no gradient, no change
+                packed = new if present is None else tf.nest.map_structure(
+                    lambda n, o, p=present: tf.where(p, n, o) if n.shape == [layout.total]
+                    else n, new, packed)
+                for a, b, name in zip(ours, layout.unpack(theirs[0]), shapes):
+                    if a is not None and not np.allclose(tf.convert_to_tensor(a), b,
+                                                         rtol=1e-5, atol=1e-6):
+                        return ("is not elementwise: packed into one vector it gives "
+                                f"{name} other updates than variable by variable")
+    except NameOfPackedVariables:
+        return "reads the variables' names, which packed into one vector they lack"
+    except Exception as exc:
+        return (f"failed run packed into one vector: {type(exc).__name__}: "
+                f"{str(exc)[:200]}")
+    finally:
+        context.shared.clear()
+    return ""

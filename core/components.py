@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .entry_points import KIND_HOOKS
 from .errors import ConfigError, GradpipeError, PluginError
-from .registry import KIND_HOOKS, Registry, get_registry
+from .registry import Registry, get_registry
 from .spec import ComponentSpec
 
 #: Attributes each component kind must provide (checked after the factory runs).

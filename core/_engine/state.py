@@ -14,13 +14,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import tensorflow as tf
 
-from .errors import GradpipeError
-from .names import matched_layout, slot_name, unique_names, variable_path
+from ..errors import GradpipeError
+from ..names import leaf_names, matched_layout, slot_name, unique_names, variable_path
+from ..spec import PipelineSpec
 from .packed import PACKED_PATH, PackedLayout, PackedVariables, SlotView
-from .selection import frozen_variables, transform_masks
-from .spec import PipelineSpec
+from .step_ops import exactly_one_after
+
+
+@attrs.define(kw_only=True)
+class Counters:
+    """The pipeline's counters (owned and checkpointed by the Pipeline)."""
+
+    iterations: tf.Variable
+    skipped: tf.Variable
+    micro_steps: tf.Variable
 
 
 class _Untracked:
@@ -47,9 +57,8 @@ def _tf_variable(var: Any) -> Any:
 class StateStore(tf.Module):
     """Per-transform state variables and gradient accumulators."""
 
-    def __init__(self, owner: Any, spec: PipelineSpec) -> None:
+    def __init__(self, spec: PipelineSpec) -> None:
         super().__init__(name="state")
-        self._owner = _Untracked([owner])
         self._spec = spec
         self._vars = _Untracked([])
         self._model_vars = _Untracked([])
@@ -64,6 +73,7 @@ class StateStore(tf.Module):
         self.accumulators: dict[str, tf.Variable] = {}
         self.masters: dict[str, tf.Variable] = {}
         self._layout = _Untracked([])
+        self._owners: dict[str, dict[str, int | None]] = {}  # leaf -> its variable
         self.masks: list[list[bool]] = []
         self.frozen: list[bool] = []
         # What a checkpoint holds, by stable name (see _trackable_children).
@@ -80,7 +90,7 @@ class StateStore(tf.Module):
     @property
     def variables(self) -> list[Any]:
         """What transforms see and update: float32 masters stand in for half variables;
-        packed, one stand-in for all (:class:`~gradpipe.packed.PackedVariables`)."""
+        packed, one stand-in for all (:class:`~gradpipe._engine.packed.PackedVariables`)."""
         return self._vars.items
 
     @property
@@ -106,18 +116,21 @@ class StateStore(tf.Module):
     def compute_dtypes(self) -> list[Any]:
         return [v.dtype for v in self.variables]
 
-    def build(self, variables: list[Any]) -> None:
+    def build(self, variables: list[Any], *, transforms: list[Any], strategy: Any,
+              masks: list[list[bool]], frozen: list[bool], pack: bool) -> None:
+        """Create the state of ``transforms`` for ``variables`` in ``strategy``'s scope;
+        ``masks``/``frozen`` say which variables each transform sees and which are never
+        updated (:mod:`gradpipe._engine.selection`), ``pack`` whether the state is one
+        vector each (the plan decides)."""
         if self.built:
             return
-        owner = self._owner.items[0]
         raw_paths = [variable_path(v) for v in variables]
         paths = unique_names([slot_name(p) for p in raw_paths])
         self._index = {_key(v): i for i, v in enumerate(variables)}
         variables = [_tf_variable(v) for v in variables]
         self._model_vars.items = list(variables)
-        self.masks = transform_masks(self._spec, raw_paths)
-        self.frozen = frozen_variables(self._spec, raw_paths, self.masks)
-        with owner.strategy.scope():
+        self.masks, self.frozen = masks, frozen
+        with strategy.scope():
             # OpenSeq2Seq MixedPrecisionOptimizerWrapper: half-precision variables get
             # float32 master copies; the update runs on the master and is cast back.
             compute = []
@@ -131,7 +144,7 @@ class StateStore(tf.Module):
                     compute.append(var)
             self._vars.items = compute
             variables = compute
-            if owner._should_pack(variables):
+            if pack:
                 self.packing = PackedLayout(variables)
                 self._params.items = list(variables)
                 self._vars.items = [PackedVariables(self.packing, variables)]
@@ -139,15 +152,15 @@ class StateStore(tf.Module):
                 self.frozen = [False]
                 self._pending.items[0] = tf.Variable(
                     tf.zeros([self.packing.total]), trainable=False, name="packed_update")
-            for i, (spec, transform) in enumerate(zip(self._spec.transforms,
-                                                      owner._transforms)):
+            for i, (spec, transform) in enumerate(zip(self._spec.transforms, transforms)):
                 key = f"{i}_{spec.name}"
                 if self.packing:
                     state = transform.init([tf.zeros([self.packing.total])])
-                    names = _leaf_names(state, [PACKED_PATH])
+                    names, owners = leaf_names(state, [PACKED_PATH])
                 else:
                     state = transform.init(variables)
-                    names = _leaf_names(state, paths)
+                    names, owners = leaf_names(state, paths)
+                self._owners[key] = dict(zip(names, owners))
                 leaves, slots = {}, {}
                 for name, leaf in zip(names, tf.nest.flatten(state)):
                     initial = tf.convert_to_tensor(leaf)
@@ -182,8 +195,8 @@ class StateStore(tf.Module):
         assert layout is not None
         if packed.shape != [layout.total]:
             raise GradpipeError(
-                f"transform {key!r} declares elementwise, but init() of the packed "
-                f"vector gave {name!r} the shape {packed.shape}, not [{layout.total}]")
+                f"transform {key!r}: init() of the packed vector gave {name!r} the "
+                f"shape {packed.shape}, not [{layout.total}]")
         views = (SlotView(packed, offset, shape, name.replace(PACKED_PATH, path))
                  for path, offset, shape in zip(paths, layout.offsets, layout.shapes))
         return {view.name: view for view in views}
@@ -261,8 +274,15 @@ class StateStore(tf.Module):
         leaves = self._leaf_variables[key]
         return tf.nest.pack_sequence_as(structure, [leaves[n] for n in names])
 
-    def write(self, new_states: dict[int, Any]) -> list[Any]:
-        """Assign the new state of each transform in ``new_states`` (index -> state)."""
+    def write(self, new_states: dict[int, Any], after: dict[int, tf.Tensor] | None = None,
+              kept: set[int] | None = None) -> list[Any]:
+        """Assign the new state of each transform in ``new_states`` (index -> state).
+
+        ``after``: variable index -> a scalar of its new value. Each slot of such a
+        variable is then written after it, by a data dependency: compiled, the
+        variable's update reads the old slot, and a slot written first would have
+        XLA copy it (one copy of every slot per step). Not the leaves whose ids are
+        in ``kept``: the transform computed its updates from those."""
         ops = []
         for i, state in new_states.items():
             key, structure, names = self._layout.items[i]
@@ -275,7 +295,13 @@ class StateStore(tf.Module):
             leaves = self._leaf_variables[key]
             for name, value in zip(names, tf.nest.flatten(state)):
                 leaf = leaves[name]
+                owner = self._owners[key][name]
+                previous = None if after is None or owner is None else after.get(owner)
+                if id(value) in (kept or ()):
+                    previous = None  # its variable's update reads it as written
                 value = tf.cast(value, leaf.dtype)
+                if previous is not None and leaf.dtype.is_floating:
+                    value = value * exactly_one_after(previous, leaf.dtype)
                 if self.present is not None and PACKED_PATH in name:
                     # elements without a gradient keep their state, as unpacked
                     value = tf.where(self.present, value, leaf.read_value())
@@ -295,47 +321,6 @@ class StateStore(tf.Module):
                 ops.append(var.assign(tf.saturate_cast(compute.read_value(), var.dtype)))
         return ops
 
-    def accumulate(self, grads: list[Any]) -> None:
-        for path, g in zip(self.accumulators, grads):
-            if g is None:
-                continue
-            acc = self.accumulators[path]
-            if isinstance(g, tf.IndexedSlices):
-                acc.scatter_add(tf.IndexedSlices(tf.cast(g.values, acc.dtype), g.indices,
-                                                 g.dense_shape))
-            else:
-                acc.assign_add(tf.cast(g, acc.dtype))
-
-    def accumulated(self, k: int, like: list[Any]) -> list[Any]:
-        return [None if g is None else acc.read_value() / float(k)
-                for acc, g in zip(self.accumulators.values(), like)]
-
-    def reset_accumulators(self) -> None:
-        for acc in self.accumulators.values():
-            acc.assign(tf.zeros_like(acc))
-
 
 def _master_dtype(dtype: Any) -> Any:
     return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
-
-
-def _leaf_names(state: Any, paths: list[str]) -> list[str]:
-    """Readable names for the leaves of a state nest (``mu/dense_kernel``)."""
-    names: list[str] = []
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for k in sorted(node):
-                walk(node[k], f"{prefix}{k}/")
-        elif isinstance(node, tuple) and hasattr(node, "_fields"):
-            for field in node._fields:
-                walk(getattr(node, field), f"{prefix}{field}/")
-        elif isinstance(node, (list, tuple)):
-            per_variable = len(node) == len(paths)
-            for i, item in enumerate(node):
-                walk(item, f"{prefix}{paths[i] if per_variable else i}/")
-        else:
-            names.append(prefix.rstrip("/") or "value")
-
-    walk(state, "")
-    return names

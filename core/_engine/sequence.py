@@ -6,7 +6,7 @@ moments back from memory once they have long left the cache. Given a data
 dependency from each variable's new value to the next variable's gradient, it
 runs each variable's loops together, and the parameter loop finds the moments
 in the cache: the step took 0.87 to 0.93 of its time at 50 variables of 400k
-floats (docs/performance.md). Smaller variables are left unordered: there it
+floats (benchmarks/HISTORY.md). Smaller variables are left unordered: there it
 gained nothing, as XLA runs several short loops at once.
 
 Tracing builds every gradient before any new value, so the dependency cannot
@@ -26,7 +26,9 @@ from typing import Any
 
 import tensorflow as tf
 
-# Measured, the full step at about 20M parameters (docs/performance.md): in
+from .step_ops import exactly_one_after, value_after
+
+# Measured, the full step at about 20M parameters (benchmarks/HISTORY.md): in
 # sequence took 1.00-1.02 of the time at 50k and 131k floats per variable,
 # 0.93-0.95 at 160k, 0.87-0.93 at 200k to 1M, 0.97 at 4M.
 SEQUENCE_MIN_SIZE = 150_000
@@ -45,8 +47,7 @@ class VariableSequence:
     def written(self, index: int, variable: Any, write: Any) -> None:
         """Variable ``index`` was assigned its new value by ``write``."""
         if self._gates[index] is not None:
-            with tf.control_dependencies([write]):
-                self._new_values[index] = tf.reshape(variable.read_value(), [-1])[0]
+            self._new_values[index] = value_after(variable, write)
 
     def link(self) -> None:
         """Make each gated gradient wait for the previous gated variable's new value."""
@@ -61,8 +62,7 @@ class VariableSequence:
                 continue
             if previous is not None and reach[previous.op] < index:
                 source = gate.op.inputs[0]
-                used = tf.cast(tf.math.is_finite(previous), source.dtype)
-                update_input(gate.op, 0, source * (1.0 - 0.0 * used))
+                update_input(gate.op, 0, source * exactly_one_after(previous, source.dtype))
             previous = self._new_values.get(index, previous)
 
 

@@ -1,13 +1,14 @@
-"""Small tensor helpers shared by the built-in transforms (dense and sparse).
+"""Tensor helpers for writing transforms, dense and sparse (``gradpipe.plugin``).
 
-Not a plugin: it registers nothing and is imported lazily by plugin code.
+TensorFlow is imported inside each function: importing this module stays fast.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from gradpipe.transform import dedupe
+from .transform import dedupe
 
 
 def is_sparse(g: Any) -> bool:
@@ -62,3 +63,19 @@ def scatter_add(t: Any, indices: Any, values: Any) -> Any:
     import tensorflow as tf
 
     return tf.tensor_scatter_nd_add(t, indices[:, None], values)
+
+
+def slice_values(g: Any) -> Any:
+    """The values of IndexedSlices, else ``g`` itself."""
+    import tensorflow as tf
+
+    return g.values if isinstance(g, tf.IndexedSlices) else g
+
+
+def all_finite(tensors: Sequence[Any]) -> Any:
+    """One scalar: every non-None tensor is finite (IndexedSlices: values; bool: true)."""
+    import tensorflow as tf
+
+    checks = [t if t.dtype == tf.bool else tf.reduce_all(tf.math.is_finite(t))
+              for t in (slice_values(t) for t in tensors if t is not None)]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)

@@ -12,9 +12,9 @@ from typing import Any
 import attrs
 import tensorflow as tf
 
-from .fields import HYPER
-from .spec import PipelineSpec
-from .transform import hyper, squared_norm
+from ..fields import HYPER
+from ..spec import PipelineSpec
+from ..transform import hyper, squared_norm
 
 
 def writer_may_record() -> bool:
@@ -24,11 +24,11 @@ def writer_may_record() -> bool:
     return recording is None or bool(recording)
 
 
-def _may_record(pipe: Any) -> bool:
+def _may_record(step: Any) -> bool:
     """Some summary is wanted and a default writer may record it. Without a writer
     ``tf.summary`` adds no op, but the values handed to it would still be read, and
     TF never prunes a variable read: one per step for ``iterations`` alone."""
-    return bool(pipe.spec.options.summaries) and writer_may_record()
+    return bool(step.spec.options.summaries) and writer_may_record()
 
 
 def _scalar(tag: str, value: Any, step: Any) -> None:
@@ -54,47 +54,48 @@ def scheduled_hyperparameters(spec: PipelineSpec) -> list[tuple[str, Any]]:
     return found
 
 
-def write_update_summaries(pipe: Any, grads: list[Any], updates: list[Any]) -> None:
-    """Summaries of an applied step: rates, norms, factors, update ratios."""
-    if not _may_record(pipe):
+def write_update_summaries(step: Any, grads: list[Any], updates: list[Any]) -> None:
+    """Summaries of an applied step (``step``: the engine's Step): rates, norms,
+    factors, update ratios."""
+    if not _may_record(step):
         return
-    wanted = set(pipe.spec.options.summaries)
-    step = pipe.iterations
+    wanted = set(step.spec.options.summaries)
+    pipe, at = step.pipeline, step.counters.iterations
     if "learning_rate" in wanted:
-        _scalar("learning_rate", pipe.learning_rate, step=step)
+        _scalar("learning_rate", pipe.learning_rate, step=at)
     if "hyperparameters" in wanted:
-        for tag, value in pipe._scheduled:
-            _scalar(tag, value(), step=step)
+        for tag, value in step.scheduled:
+            _scalar(tag, value(), step=at)
     if "global_gradient_norm" in wanted:
-        norm = pipe._context.shared.get("global_norm")  # computed once by clipping
+        norm = step.context.shared.get("global_norm")  # computed once by clipping
         if norm is None:
             norm = tf.sqrt(squared_norm(grads))  # the engine's sum when it has one
-        _scalar("global_gradient_norm", norm, step=step)
+        _scalar("global_gradient_norm", norm, step=at)
     if "clipping_factors" in wanted:
-        for slots in pipe._state.slots.values():
+        for slots in step.state.slots.values():
             for name, var in slots.items():
                 if name.startswith("clipping_factor/"):
-                    _scalar(f"clipping_factors/{name.split('/', 1)[1]}", var,
-                                      step=step)
+                    _scalar(f"clipping_factors/{name.split('/', 1)[1]}", var, step=at)
     if "update_ratios" in wanted:
-        from .names import variable_path
-        from .step_ops import slice_values
+        from ..names import variable_path
+        from ..tensors import slice_values
 
-        for var, update in zip(*pipe._state.per_variable(updates)):
+        for var, update in zip(*step.state.per_variable(updates)):
             if update is None:
                 continue
             u = tf.norm(tf.cast(slice_values(update), tf.float32))
             w = tf.norm(tf.cast(tf.convert_to_tensor(var), tf.float32))
-            _scalar(f"update_ratios/{variable_path(var)}",
-                              tf.math.divide_no_nan(u, w), step=step)
+            _scalar(f"update_ratios/{variable_path(var)}", tf.math.divide_no_nan(u, w),
+                    step=at)
 
 
-def write_step_summaries(pipe: Any) -> None:
+def write_step_summaries(step: Any) -> None:
     """Summaries of every call, applied or skipped."""
-    if not _may_record(pipe):
+    if not _may_record(step):
         return
-    wanted = set(pipe.spec.options.summaries)
+    wanted = set(step.spec.options.summaries)
+    pipe = step.pipeline
     if "loss_scale" in wanted:
-        _scalar("loss_scale", pipe.loss_scale, step=pipe.iterations)
+        _scalar("loss_scale", pipe.loss_scale, step=step.counters.iterations)
     if "skipped_steps" in wanted:
-        _scalar("skipped_steps", pipe.skipped_steps, step=pipe.iterations)
+        _scalar("skipped_steps", pipe.skipped_steps, step=step.counters.iterations)

@@ -19,9 +19,9 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigError, Problem
-from .fields import PATTERNS
-from .spec import ComponentSpec, PipelineSpec
+from ..errors import ConfigError, Problem
+from ..fields import PATTERNS
+from ..spec import ComponentSpec, PipelineSpec
 
 
 def _matches(patterns: Any, path: str) -> list[str]:
@@ -72,7 +72,7 @@ def frozen_variables(spec: PipelineSpec, paths: list[str], masks: list[list[bool
     """
     frozen = [bool(_matches(spec.options.freeze, path)) for path in paths]
     rules = [(t, mask) for t, mask in zip(spec.transforms, masks)
-             if getattr(type(t.config), "update_rule", False)]
+             if t.capabilities.update_rule]
     if not rules:  # a chain without an update rule subtracts what it computes
         return frozen
     left_out = [j for j, path in enumerate(paths)

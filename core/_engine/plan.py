@@ -1,0 +1,313 @@
+"""How a step runs: every decision in one place, each with its reason.
+
+``make_plan`` decides when the pipeline is built, from its spec, its
+components, the variables and the placement; ``pipe.plan`` prints the result.
+Nothing is taken on a component's word where the engine can find it out: XLA
+is tried at build (``compiled_or_why_not``), a transform's outputs are proved
+finite only for gradpipe's own maths (:mod:`gradpipe._engine.proofs`) and
+checked otherwise, and a transform's state is packed into one vector only
+once it gave the same numbers run packed and variable by variable.
+
+A few conditions are known only when a step is traced (sparse gradients, a
+summary writer, the replicas of a strategy); ``fusion_blocker`` says whether
+they leave the fused paths (XLA, in-place kernels) open.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import tensorflow as tf
+
+from ..errors import GradpipeError
+from ..spec import PipelineSpec
+from ..transform import accelerator_visible
+from .summaries import writer_may_record
+
+# "auto" compiles where XLA pays (benchmarks/HISTORY.md, measured on 2 cores): XLA
+# fuses the chain's element-wise passes, so clipping + Adam's functional update over
+# 64 variables of 1-10k floats is 0.82x the plain step's time. A rule with an in-place
+# kernel (sgd, adam) makes fewer passes on the plain path already: there XLA pays
+# only on larger variables (sgd compiled 1.04x at 1-10k floats, 0.75x at 400k; adam's
+# six fused kernels, in model.fit against Keras: compiled 1.02x and in place 0.95x to
+# 1.00x at a mean of 12.8k elements, compiled 0.82x to 0.84x and in place 0.91x at
+# 44.9k; 0.71x of the in-place step's time compiled at 400k).
+# Compiling takes about 0.15 s per variable of a distinct shape.
+AUTO_JIT_MAX_VARIABLES = 128
+AUTO_JIT_MIN_MEAN_SIZE = 4_096
+AUTO_JIT_MIN_MEAN_SIZE_IN_PLACE = 16_384
+# "auto" packs where the per-variable step would not be compiled for its many or
+# small variables, as long as there are enough of them for the op count to matter.
+AUTO_PACK_MIN_VARIABLES = 16
+
+
+@attrs.frozen
+class Choice:
+    """One decision: ``on`` or not, and why."""
+
+    on: bool
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{'yes' if self.on else 'no'}: {self.reason}"
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    """How this pipeline's step runs. ``str(plan)`` is a table with the reasons.
+
+    Attributes:
+        compile: the update is one XLA function (``[pipeline] jit_compile``).
+        pack: the state of all variables is one vector each (``pack_variables``).
+        in_place: the last rule's fused kernel updates variables and slots in
+            place, where the step is not compiled.
+        sequence: compiled on a CPU, large variables are updated one after another.
+        clip_before_reduce: transforms run on each replica's gradients.
+        checks: for each transform, how its outputs are known to be finite.
+    """
+
+    compile: Choice
+    pack: Choice
+    in_place: Choice
+    sequence: Choice
+    clip_before_reduce: tuple[int, ...]
+    checks: tuple[str, ...]
+
+    def __str__(self) -> str:
+        rows = [("XLA", str(self.compile)), ("packed state", str(self.pack)),
+                ("in place", str(self.in_place)), ("in sequence", str(self.sequence))]
+        if self.clip_before_reduce:
+            rows.append(("per replica", "transforms " + ", ".join(
+                f"[{i}]" for i in self.clip_before_reduce) + " clip before the reduction"))
+        rows += [("finite" if i == 0 else "", check) for i, check in enumerate(self.checks)]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"{name:<{width}}  {text}" for name, text in rows)
+
+
+def clip_before_reduce(spec: PipelineSpec, requested: bool) -> tuple[int, ...]:
+    """The leading clipping transforms, where the placement clips per replica."""
+    leading: list[int] = []
+    if requested:
+        for i, t in enumerate(spec.transforms):
+            if not t.capabilities.gradient_clipping:
+                break
+            leading.append(i)
+    return tuple(leading)
+
+
+def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...]
+            ) -> tuple[str, ...]:
+    out = []
+    for i, (t, proof) in enumerate(zip(spec.transforms, proved)):
+        where = f"{t.name} at {t.path}: "
+        if i in pre_reduce:
+            out.append(where + "runs before the reduction, whose result is checked")
+        elif not spec.options.check_updates:
+            out.append(where + "not checked (check_updates = false)")
+        elif proof:
+            out.append(where + "proved from its input's norm (gradpipe knows its maths)")
+        else:
+            out.append(where + "checked: one sum over its updates and new state")
+    return tuple(out)
+
+
+def xla_pays(sizes: list[int | None], in_place: bool) -> tuple[bool, str]:
+    """Few variables, not small: "auto" compiles them (one XLA loop per array)."""
+    min_mean = AUTO_JIT_MIN_MEAN_SIZE_IN_PLACE if in_place else AUTO_JIT_MIN_MEAN_SIZE
+    if None in sizes:
+        return False, "a variable has an unknown shape"
+    known = [s for s in sizes if s is not None]
+    mean = sum(known) / max(len(known), 1)
+    if len(known) > AUTO_JIT_MAX_VARIABLES:
+        return False, (f"{len(known)} variables, more than the {AUTO_JIT_MAX_VARIABLES} "
+                       "XLA compiles one by one")
+    if mean < min_mean:
+        return False, (f"{mean:,.0f} elements per variable on average, fewer than the "
+                       f"{min_mean:,} where XLA pays{' over an in-place kernel' * in_place}")
+    return True, (f"{len(known)} variables of {mean:,.0f} elements on average (at least "
+                  f"{min_mean:,})")
+
+
+def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool]],
+              frozen: list[bool], proved: list[bool], has_kernel: bool,
+              replicas: int, clip_per_replica: bool,
+              elementwise_probe: Any = None) -> Plan:
+    """Decide how the step runs (XLA is decided for good by ``compiled_or_why_not``).
+
+    ``proved``: per transform, whether its outputs are proved finite;
+    ``has_kernel``: the last transform has a fused in-place kernel;
+    ``elementwise_probe(i)``: "" if transform ``i`` gives the same numbers packed,
+    else why not (run only where packing is otherwise chosen).
+    """
+    options = spec.options
+    pre_reduce = clip_before_reduce(spec, clip_per_replica)
+    sizes = [v.shape.num_elements() for v in variables]
+    masters = any(v.dtype in (tf.float16, tf.bfloat16) for v in variables)
+    last = len(spec.transforms) - 1
+    guarded = options.check_updates
+    kernel_usable = has_kernel and (proved[last] or not guarded)
+    pack = _pack(spec, variables, sizes, pre_reduce, replicas, kernel_usable,
+                 elementwise_probe)
+    in_place = _in_place(has_kernel, kernel_usable, last in pre_reduce, all(masks[last]),
+                         any(frozen), masters, pack.on)
+    mode = options.jit_compile
+    if mode is not True and mode is not False:
+        if replicas > 1:
+            compile_ = Choice(False, f"{replicas} replicas: XLA compiles for one device")
+        elif pack.on:
+            compile_ = Choice(True, "packed: one small XLA function fuses the chain")
+        else:
+            compile_ = Choice(*xla_pays(sizes, in_place.on))
+        compile_ = attrs.evolve(compile_, reason=f'"auto": {compile_.reason}')
+    else:
+        compile_ = Choice(bool(mode), f"jit_compile = {'true' if mode else 'false'}")
+    return Plan(compile=compile_, pack=pack, in_place=in_place,
+                sequence=_sequence(compile_.on, pack.on),
+                clip_before_reduce=pre_reduce,
+                checks=_checks(spec, proved, pre_reduce))
+
+
+def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],
+          pre_reduce: tuple[int, ...], replicas: int, kernel_usable: bool,
+          elementwise_probe: Any) -> Choice:
+    mode = spec.options.pack_variables
+    if mode is False:
+        return Choice(False, "pack_variables = false")
+    blocker = _pack_blocker(spec, variables, pre_reduce, replicas)
+    if not blocker and mode is not True:
+        if len(variables) < AUTO_PACK_MIN_VARIABLES:
+            return Choice(False, f'"auto": {len(variables)} variables, fewer than the '
+                                 f"{AUTO_PACK_MIN_VARIABLES} where packing pays")
+        pays, why = xla_pays(sizes, kernel_usable)
+        if pays:
+            return Choice(False, f'"auto": compiled variable by variable instead ({why})')
+    if not blocker and elementwise_probe is not None:
+        blocker = next((f"transform {t.name} {why}" for i, t in enumerate(spec.transforms)
+                        if (why := elementwise_probe(i))), "")
+    if blocker:
+        if mode is True:
+            raise GradpipeError(f"[pipeline] pack_variables = true, but {blocker}")
+        return Choice(False, blocker)
+    return Choice(True, "pack_variables = true" if mode is True else
+                  f'"auto": {len(variables)} variables, small or more than XLA compiles '
+                  "one by one")
+
+
+def _pack_blocker(spec: PipelineSpec, variables: list[Any], pre_reduce: tuple[int, ...],
+                  replicas: int) -> str:
+    """Why ``variables`` cannot be packed ("" if they can)."""
+    if pre_reduce:
+        return "clip_before_reduce clips each replica's gradients separately"
+    if replicas > 1 or tf.distribute.has_strategy():
+        return "the step runs under a distribution strategy"
+    if spec.options.accumulation_steps > 1:
+        return "accumulation_steps > 1 keeps one accumulator per variable"
+    if spec.options.freeze or any(t.extra.get("variables") or t.extra.get("exclude")
+                                  for t in spec.transforms):
+        return "freeze, variables or exclude select among the variables"
+    if any(v.dtype not in (tf.float32, tf.float16, tf.bfloat16) for v in variables):
+        return "not every variable is float32 (or half precision, with float32 masters)"
+    if any(v.shape.num_elements() is None for v in variables):
+        return "a variable has an unknown shape"
+    return ""
+
+
+def _in_place(has_kernel: bool, usable: bool, pre_reduced: bool, sees_all: bool,
+              frozen: bool, masters: bool, packed: bool) -> Choice:
+    why = ("the last transform has no fused kernel" if not has_kernel else
+           "the last transform's outputs are checked, which an in-place kernel would "
+           "write before they could be" if not usable else
+           "the last transform runs before the reduction" if pre_reduced else
+           "the last transform sees only some variables" if not sees_all else
+           "some variables are frozen" if frozen else
+           "half-precision variables are updated through float32 masters" if masters else
+           "the state is packed" if packed else "")
+    if why:
+        return Choice(False, why)
+    return Choice(True, "the last rule's fused kernel, where the step is not compiled "
+                        "and the fused paths are open")
+
+
+def _sequence(compiled: bool, packed: bool) -> Choice:
+    if not compiled or packed:
+        return Choice(False, "the step is not compiled variable by variable")
+    if accelerator_visible():
+        return Choice(False, "an accelerator is set up; measured on CPU only")
+    return Choice(True, "compiled on a CPU: large variables one after another")
+
+
+def fusion_blocker(grads: list[Any], replicas: int) -> str:
+    """Why a step traced now may not take a fused path ("" if it may): a strategy's
+    replicas, sparse gradients and summary ops keep the plain path."""
+    if tf.distribute.has_strategy() or replicas > 1:
+        return "a distribution strategy"
+    if any(isinstance(g, tf.IndexedSlices) for g in grads):
+        return "sparse gradients"
+    if writer_may_record():
+        return "a summary writer"
+    return ""
+
+
+# Random ops, stateful or not (after the prefix): XLA draws other numbers than TF's
+# kernels do.
+_RANDOM = ("Random", "TruncatedNormal", "ParameterizedTruncatedNormal", "Multinomial",
+           "Uniform", "StandardNormal", "Shuffle")
+
+
+def _draws(op_type: str) -> bool:
+    kind = op_type.removeprefix("Stateless").removeprefix("Stateful")
+    return kind.startswith(_RANDOM) or op_type.startswith("Rng")
+
+
+def random_draws(function: Any, args: tuple[Any, ...], names: dict[str, str]) -> str:
+    """Which transform of ``function``'s trace for ``args`` draws random numbers ("" if
+    none): compiled, it would draw other numbers than on the plain path."""
+    for op in _all_ops(function.get_concrete_function(*args).graph):
+        if _draws(op.type):
+            return (f"{_owner(op.name, names)} draws random numbers ({op.type}), which "
+                    "XLA draws differently from the plain path")
+    return ""
+
+
+def compiled_or_why_not(function: Any, args: tuple[Any, ...], names: dict[str, str]
+                        ) -> str:
+    """Lower ``function`` (``jit_compile=True``) for ``args`` to XLA: "" if it compiles
+    and gives what the plain step gives, else why not, naming the transform
+    (``names``: name scope -> transform). The trace is the one the step reuses."""
+    draws = random_draws(function, args, names)
+    if draws:
+        return draws
+    try:
+        _lower(function.get_concrete_function(*args))
+    except Exception as exc:  # XLA reports unsupported ops as ValueError/InvalidArgument
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"{_owner(first, names)} failed to compile: {first[:300]}"
+    return ""
+
+
+def _lower(concrete: Any) -> str:
+    """The HLO of a traced ``jit_compile`` function: XLA lowers it or raises. From the
+    trace alone, so no argument of the parameters' size is allocated for it."""
+    from tensorflow.python.eager.polymorphic_function import compiler_ir
+
+    specs = [s for s in tf.nest.flatten(concrete.structured_input_signature)
+             if isinstance(s, tf.TensorSpec)]  # not the None of absent arguments
+    return str(compiler_ir.from_concrete_function(concrete, specs)(stage="hlo"))
+
+
+def _all_ops(graph: Any) -> list[Any]:
+    ops = list(graph.get_operations())
+    for function in getattr(graph, "_functions", {}).values():
+        inner = getattr(function, "graph", None)
+        if inner is not None:
+            ops += _all_ops(inner)
+    return ops
+
+
+def _owner(text: str, names: dict[str, str]) -> str:
+    """The transform whose name scope appears in ``text`` (an op name or an error)."""
+    for scope, name in names.items():
+        if f"{scope}/" in text:
+            return f"transform {name}"
+    return "the step"

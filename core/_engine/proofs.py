@@ -1,0 +1,152 @@
+"""Why some transforms' outputs need no check: the engine's proofs for its own.
+
+A step never writes a non-finite value: before the first assignment it knows
+that every transform's updates and new state are finite. For most transforms
+it checks them (one sum over each output, ``step_ops.finite_outputs``). For
+three of gradpipe's own, whose maths it knows, it proves them instead, from a
+few scalars the step has already or computes in a few scalar ops. Each proof
+assumes its inputs finite: the step checks the gradients it starts from, and
+every earlier transform's outputs are proved or checked in turn.
+
+* ``clip_by_global_norm``: the output is the input times the factor
+  ``c * min(1/norm, 1/c)``, finite for a finite input and ``c > 0`` (an
+  overflowing norm gives 0): nothing to require at a constant ``c``, a
+  scheduled one must be finite and positive.
+* ``sgd`` at a constant rate and momentum < 1: ``|m| <= lr * max|g| / (1 - mu)``,
+  and a finite sum of squares bounds ``max|g|`` by 2**64, so every value stays
+  below the float32 maximum while ``lr * 2**64 / (1 - mu) * (1 + mu)`` does.
+* ``adam`` with ``epsilon > 0``: ``|m|`` stays below ``max|g|``, so the step
+  ``alpha * |m| / (sqrt(v) + epsilon)`` stays below ``alpha * 2**64 / epsilon``:
+  finite while that is below the float32 maximum. At a constant rate and
+  beta_1 the config proves it for every step (``alpha <= 2 lr / (1 - beta_1)``);
+  under a schedule each step requires its own ``alpha`` below it, and the
+  betas in [0, 1).
+
+Proofs are never taken from a plugin: a plugin's word that its outputs are
+finite could be wrong, and a wrong one would write NaN into the weights. The
+tests hold each proof against adversarial gradients.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from ..entry_points import BUILTIN_DIST
+from ..fields import is_constant
+from ..spec import ComponentSpec
+from ..transform import hyper, squared_norm
+
+#: sqrt of the float32 maximum: an input with a finite sum of squares has no larger element.
+LARGEST_ELEMENT = 2.0**64
+#: below the float32 maximum (3.4028e38), with room for float32 rounding of the bounds
+FLOAT32_BOUND = 3.4e38
+#: the largest Adam step size a schedule is assumed to reach (lr 1, beta_1 0.999)
+SCHEDULED_ALPHA_BOUND = 1e3
+
+#: ``prove(inputs, read_state) -> scalars`` that must be finite (booleans: true) for the
+#: outputs to be finite, or ``None`` where this trace cannot be proved (then checked).
+Prove = Callable[[list[Any], Callable[[], Any]], "list[Any] | None"]
+
+
+def _float32(x: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", x))[0])
+
+
+def adam_step_size_bound(config: Any) -> float | None:
+    """An upper bound of every step's ``alpha`` at a constant rate and beta_1:
+    ``2 * lr / (1 - float32(beta_1))`` (the 2 covers alpha's float32 rounding)."""
+    lr, b1 = config.learning_rate, config.beta_1
+    if not (is_constant(lr) and is_constant(b1)):
+        return None
+    one_minus_b1 = 1.0 - _float32(b1)
+    return 2 * lr / one_minus_b1 if one_minus_b1 > 0 else float("inf")
+
+
+def _adam_provable(config: Any) -> bool:
+    if config.epsilon <= 0:
+        return False  # 0/0
+    largest = adam_step_size_bound(config)
+    largest = SCHEDULED_ALPHA_BOUND if largest is None else largest
+    return largest * LARGEST_ELEMENT / config.epsilon < FLOAT32_BOUND
+
+
+def _sgd_provable(config: Any) -> bool:
+    lr, mu = config.learning_rate, config.momentum
+    return (is_constant(lr) and is_constant(mu) and mu < 1
+            and lr * LARGEST_ELEMENT / (1 - mu) * (1 + mu) < FLOAT32_BOUND)
+
+
+def _clip_provable(config: Any) -> bool:
+    return True
+
+
+_PROVABLE: dict[str, Callable[[Any], bool]] = {
+    "clip_by_global_norm": _clip_provable, "sgd": _sgd_provable, "adam": _adam_provable}
+#: gradpipe's own transforms whose outputs can be proved finite (their configs permitting)
+PROVED = tuple(_PROVABLE)
+
+
+def provable(spec: ComponentSpec, config: Any = None) -> bool:
+    """Whether the engine proves ``spec``'s outputs finite (with ``config`` instead of
+    the spec's own, for a learning rate set while training)."""
+    check = _PROVABLE.get(spec.name) if spec.dist == BUILTIN_DIST else None
+    return check is not None and check(spec.config if config is None else config)
+
+
+def proof_for(spec: ComponentSpec) -> Prove | None:
+    """The proof of ``spec``'s outputs, or ``None`` (they are checked). Call it in the
+    pipeline's build scope: a scheduled hyperparameter reads the pipeline's step."""
+    if not provable(spec):
+        return None
+    return {"clip_by_global_norm": _clip_proof, "sgd": _sgd_proof,
+            "adam": _adam_proof}[spec.name](spec.config)
+
+
+def _clip_proof(config: Any) -> Prove:
+    import tensorflow as tf
+
+    clip = hyper(config.clip_norm)
+    constant = is_constant(config.clip_norm)
+
+    def prove(inputs: list[Any], read_state: Callable[[], Any]) -> list[Any]:
+        if constant:  # validated > 0: the factor is finite for any finite input
+            return []
+        c = tf.cast(clip(), tf.float32)  # a schedule's value: finite and positive
+        return [c, c > 0]
+
+    return prove
+
+
+def _sgd_proof(config: Any) -> Prove:
+    def prove(inputs: list[Any], read_state: Callable[[], Any]) -> list[Any]:
+        return [squared_norm(inputs)]
+
+    return prove
+
+
+def _adam_proof(config: Any) -> Prove:
+    import tensorflow as tf
+
+    lr, beta_1, beta_2 = (hyper(v) for v in (config.learning_rate, config.beta_1,
+                                              config.beta_2))
+    # proved once for every step at a constant rate and beta_1
+    bound_always_holds = adam_step_size_bound(config) is not None
+
+    def prove(inputs: list[Any], read_state: Callable[[], Any]) -> list[Any] | None:
+        if any(g is not None and g.dtype.size < 4 for g in inputs):
+            return None  # the bounds hold for float32 and float64
+        required = [squared_norm(inputs)]
+        b1, b2 = beta_1(), beta_2()
+        if not bound_always_holds:
+            step = tf.cast(read_state().count + 1, tf.float32)
+            alpha = lr() * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
+            # in float64, compared with float32's maximum: NaN/Inf fail too
+            required.append(tf.cast(alpha, tf.float64) * (LARGEST_ELEMENT / config.epsilon)
+                            < FLOAT32_BOUND)
+        if None in (getattr(beta_1, "constant", None), getattr(beta_2, "constant", None)):
+            required.append((b1 >= 0) & (b1 < 1) & (b2 >= 0) & (b2 < 1))
+        return required
+
+    return prove

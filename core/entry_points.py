@@ -1,0 +1,66 @@
+"""Where plugins come from: the entry points of installed distributions.
+
+Nothing here imports TensorFlow or a plugin: it only reads package metadata.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from importlib import metadata
+from typing import Any
+
+#: The distribution that ships the built-in plugins.
+BUILTIN_DIST = "gradpipe"
+
+#: Component kind -> the hook that registers components of that kind.
+KIND_HOOKS: dict[str, str] = {
+    "transform": "gradpipe_register_transforms",
+    "loss_scale": "gradpipe_register_loss_scalers",
+    "schedule": "gradpipe_register_schedules",
+    "convergence": "gradpipe_register_convergence_criteria",
+    "placement": "gradpipe_register_placements",
+    "problem": "gradpipe_register_problems",
+}
+HOOK_KINDS = {hook: kind for kind, hook in KIND_HOOKS.items()}
+
+
+def iter_entry_points(group: str) -> Iterator[tuple[Any, Any]]:
+    seen: set[tuple[str, str]] = set()
+    found = []
+    for dist in metadata.distributions():
+        for ep in dist.entry_points:
+            if ep.group != group:
+                continue
+            # The same distribution may be visible twice on sys.path (editable
+            # installs): load it once.
+            key = (dist.metadata["Name"] or "", ep.name)
+            if key in seen:
+                continue
+            seen.add(key)
+            found.append((ep, dist))
+    # Built-ins first, then third parties, each in name order: deterministic.
+    found.sort(key=lambda p: (p[1].metadata["Name"] != BUILTIN_DIST,
+                              p[1].metadata["Name"] or "", p[0].name))
+    yield from found
+
+
+def component_index(group: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """``(kind, name) -> (distribution, module)`` from ``kind.name = module`` entries."""
+    index: dict[tuple[str, str], tuple[str, str]] = {}
+    for ep, dist in iter_entry_points(group):
+        kind, _, name = ep.name.partition(".")
+        if kind in KIND_HOOKS and name:
+            index[(kind, name)] = (dist.metadata["Name"] or "", ep.value)
+    return index
+
+
+def env_list(name: str) -> set[str] | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
