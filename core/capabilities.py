@@ -38,7 +38,7 @@ def _conflicts(value: Any) -> dict[str, str]:
     return dict(value)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, init=False)
 class Capabilities:
     """A transform's capabilities; every field defaults to off.
 
@@ -57,6 +57,17 @@ class Capabilities:
     gradient_clipping: bool = attrs.field(default=False, validator=_bool)
     conflicts: dict[str, str] = attrs.field(factory=dict, converter=_conflicts)
 
+    def __init__(self, **capabilities: Any) -> None:
+        # attrs' own __init__ would say only "unexpected keyword argument"; name the
+        # capabilities there are, with a suggestion, for a misspelt one.
+        names = [f.name for f in attrs.fields(type(self))]
+        unknown = sorted(set(capabilities) - set(names))
+        if unknown:
+            raise TypeError(f"unknown capability {unknown[0]!r}"
+                            f"{did_you_mean(unknown[0], names)}; capabilities are "
+                            f"{', '.join(names)}")
+        self.__attrs_init__(**capabilities)
+
     @classmethod
     def coerce(cls, value: Any) -> Capabilities:
         """``value`` as Capabilities: an instance, a mapping of its fields, or None."""
@@ -65,12 +76,6 @@ class Capabilities:
         if isinstance(value, cls):
             return value
         if isinstance(value, Mapping):
-            unknown = sorted(set(value) - {f.name for f in attrs.fields(cls)})
-            if unknown:
-                names = [f.name for f in attrs.fields(cls)]
-                raise TypeError(f"unknown capability {unknown[0]!r}"
-                                f"{did_you_mean(unknown[0], names)}; capabilities are "
-                                f"{', '.join(names)}")
             return cls(**value)
         raise TypeError(f"capabilities must be gradpipe.plugin.Capabilities(...), got "
                         f"{type(value).__name__}")

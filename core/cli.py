@@ -139,7 +139,7 @@ def import_tensorflow_quietly(spec: Any = None) -> None:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from .entry_points import KIND_HOOKS, env_flag
+    from .entry_points import KIND_HOOKS, env_flag, index_problems
     from .registry import get_registry
 
     registry = get_registry().load_all()
@@ -165,6 +165,12 @@ def cmd_plugins(args: argparse.Namespace) -> int:
               f"  [{status}]  ({r.import_seconds * 1000:.1f} ms)")
         for kind, names in sorted(r.components.items()):
             print(f"    {kind:12s} {', '.join(names)}")
+        if r.status == "loaded" and not r.builtin:
+            provided = {(kind, name) for other in registry.plugins
+                        if other.provider.dist == r.provider.dist
+                        for kind, names in other.components.items() for name in names}
+            for problem in index_problems("gradpipe.components", r.provider.dist, provided):
+                print(f"    warning: {problem}")
         if r.status == "failed":
             if r.location:
                 print(f"    at {r.location}")
@@ -240,10 +246,19 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 def cmd_new_plugin(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from .registry import get_registry
     from .template import new_plugin
 
     root = new_plugin(args.name, Path(args.directory))
-    print(f"wrote {root}: pip install {root} && pytest {root / 'tests'}")
+    # pip reads "gradpipe-x[test]" as a package on the index; "./" makes it the folder.
+    where = str(root) if root.is_absolute() else f"./{root}"
+    print(f"wrote {root}; next:\n  python -m pip install \"{where}[test]\" && "
+          f"python -m pytest {where}/tests")
+    name = root.name.removeprefix("gradpipe-").replace("-", "_")
+    if name in get_registry().names("transform"):
+        print(f"note: transform {name!r} already exists; while both are installed a "
+              f"pipeline must write 'gradpipe>{name}' or '{root.name}>{name}'. "
+              "Rename the component in the generated module to avoid that.")
     return 0
 
 

@@ -55,6 +55,30 @@ def component_index(group: str) -> dict[tuple[str, str], tuple[str, str]]:
     return index
 
 
+def index_problems(group: str, dist: str, provided: set[tuple[str, str]]) -> list[str]:
+    """What is wrong with ``dist``'s name index (the ``group`` entries), given the
+    ``(kind, name)`` its plugin really registers. A wrong entry never breaks loading
+    (the plugin is imported eagerly instead) but costs every user the lazy load."""
+    listed: set[tuple[str, str]] = set()
+    problems = []
+    for ep, owner in iter_entry_points(group):
+        if (owner.metadata["Name"] or "") != dist:
+            continue
+        kind, _, name = ep.name.partition(".")
+        if kind not in KIND_HOOKS or not name:
+            problems.append(f"index entry {ep.name!r} is not \"kind.name\" with kind one "
+                            f"of {', '.join(KIND_HOOKS)}; it is ignored")
+            continue
+        listed.add((kind, name))
+        if (kind, name) not in provided:
+            problems.append(f"index lists {kind} {name!r}, which the plugin does not "
+                            "register")
+    if listed:
+        problems += [f"index does not list {kind} {name!r}: a pipeline naming it imports "
+                     "every deferred plugin first" for kind, name in sorted(provided - listed)]
+    return problems
+
+
 def env_list(name: str) -> set[str] | None:
     raw = os.environ.get(name)
     if raw is None:

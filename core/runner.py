@@ -42,7 +42,8 @@ def plan_problem(spec: PipelineSpec, *, problem: str | None = None,
                          for i, s in enumerate(shapes)]
     pipe.build(variables)
     sizes = [v.shape.num_elements() for v in variables]
-    return (f"plan for {len(variables)} variables, {sum(s or 0 for s in sizes):,} "
+    count = f"{len(variables)} variable{'' if len(variables) == 1 else 's'}"
+    return (f"plan for {count}, {sum(s or 0 for s in sizes):,} "
             f"parameters:\n{pipe.plan}")
 
 

@@ -93,12 +93,11 @@ import pytest
 import tensorflow as tf
 
 import gradpipe
-from gradpipe.registry import get_registry
 from gradpipe.testing import check_component, contract_cases
 
 
-def test_listed_through_its_entry_point():
-    assert get_registry().get("transform", "{component}").provider.dist == "{dist}"
+def test_found_through_its_entry_point():
+    assert contract_cases(dist="{dist}") == [("transform", "{component}")]
 
 
 @pytest.mark.parametrize("kind, name", contract_cases(dist="{dist}"))

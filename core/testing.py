@@ -29,7 +29,9 @@ from ._contract_paths import (
     probe_grads,
     probe_variables,
 )
-from .errors import ConfigError
+from .entry_points import index_problems
+from .errors import ConfigError, did_you_mean
+from .hookspecs import PROJECT_NAME
 from .registry import get_registry
 
 __all__ = ["CHECKED_KINDS", "ContractError", "check_component", "contract_cases",
@@ -40,10 +42,41 @@ CHECKED_KINDS = ("transform", "schedule", "loss_scale", "convergence")
 
 def contract_cases(kinds: tuple[str, ...] = CHECKED_KINDS, dist: str | None = None
                    ) -> list[tuple[str, str]]:
-    """``(kind, name)`` of every registered component (of one distribution)."""
+    """``(kind, name)`` of every registered component (of one distribution).
+
+    With ``dist``, a distribution that provides none of ``kinds`` is a
+    :class:`ContractError` (its plugin failed to load, or the name is misspelt),
+    never an empty list: pytest would skip the contract tests and pass green.
+    """
     registry = get_registry().load_all()
-    return sorted((kind, name) for (kind, name), comp in registry.components.items()
-                  if kind in kinds and (dist is None or comp.provider.dist == dist))
+    cases = sorted((kind, name) for (kind, name), comp in registry.components.items()
+                   if kind in kinds and (dist is None or comp.provider.dist == dist))
+    if dist is not None and not cases:
+        raise ContractError(_no_cases_reason(registry, dist, kinds))
+    if dist is not None:
+        provided = {key for key, comp in registry.components.items()
+                    if comp.provider.dist == dist}
+        problems = index_problems(f"{PROJECT_NAME}.components", dist, provided)
+        if problems:
+            raise ContractError(f"distribution {dist!r}: " + "; ".join(problems))
+    return cases
+
+
+def _no_cases_reason(registry: Any, dist: str, kinds: tuple[str, ...]) -> str:
+    mine = [r for r in registry.plugins if r.provider.dist == dist]
+    failed = [r for r in mine if r.status != "loaded"]
+    if failed:
+        record = failed[0]
+        where = f" at {record.location}" if record.location else ""
+        return (f"distribution {dist!r} provides no components: its plugin "
+                f"{record.provider} failed to load{where}: {record.error}")
+    if mine:
+        return (f"distribution {dist!r} registers no component of the checked kinds "
+                f"({', '.join(kinds)})")
+    dists = sorted({r.provider.dist for r in registry.plugins})
+    return (f"no installed plugin comes from distribution {dist!r}"
+            f"{did_you_mean(dist, dists)}; is it installed (pip install -e .)? "
+            f"Installed: {', '.join(dists)}")
 
 
 def example_table(kind: str, name: str) -> dict[str, Any]:

@@ -66,6 +66,7 @@ def line_map(text: str) -> dict[str, int]:
             counts[name] = counts.get(name, -1) + 1
             table = f"{name}[{counts[name]}]"
             lines.setdefault(table, number)
+            lines.setdefault(name, number)  # the array itself: its first table
             continue
         if stripped.startswith("["):
             table = _norm_key(stripped[1:stripped.find("]")])

@@ -37,6 +37,9 @@ class TestErrors:
             kind = "adam"
             learning_rat = 0.1
             beta_1 = "high"
+
+            [[convergance]]
+            kind = "max_steps"
         """)
         with pytest.raises(ConfigError) as info:
             gradpipe.parse(path)
@@ -49,6 +52,8 @@ class TestErrors:
         assert found["transforms[2].learning_rat"][0] == 16
         assert "did you mean 'learning_rate'" in found["transforms[2].learning_rat"][1]
         assert found["transforms[2].beta_1"][0] == 17
+        assert found["convergance"][0] == 19  # an array of tables: its first [[...]]
+        assert "did you mean 'convergence'" in found["convergance"][1]
         text = str(info.value)
         assert f"{path}:9: transforms[0].clip_norm: must be > 0, got -1.0" in text
 

@@ -75,3 +75,62 @@ def test_a_stateful_transform_keeps_its_state_on_skipped_steps_on_every_path():
 
     _register("counts", update, init=lambda variables: 0.0)
     check_component("transform", "counts")
+
+
+def test_contract_cases_fail_loudly_for_a_broken_or_misspelt_distribution(fake_dists):
+    """An empty parametrize list would make pytest skip the contract tests and pass
+    green; a plugin that failed to load, or a misspelt name, is an error instead."""
+    fake_dists.add("gradpipe-broken", "0.1", {"broken": "gp_broken"},
+                   {"gp_broken": "import not_a_module_anywhere\n"})
+    code = """
+        from gradpipe.testing import ContractError, contract_cases
+        for dist in ("gradpipe-broken", "gradpipe-brokne", "gradpipe-agc"):
+            try:
+                print(dist, "->", contract_cases(dist=dist))
+            except ContractError as error:
+                print(dist, "->", error)
+    """
+    out = fake_dists.run(code).stdout
+    assert ("gradpipe-broken -> distribution 'gradpipe-broken' provides no components: "
+            "its plugin") in out
+    assert "gp_broken.py:1" in out and "not_a_module_anywhere" in out
+    assert ("gradpipe-brokne -> no installed plugin comes from distribution "
+            "'gradpipe-brokne' (did you mean 'gradpipe-broken'?)") in out
+    assert "gradpipe-agc -> [('transform', 'agc')]" in out
+
+
+def test_a_wrong_name_index_fails_the_contract_and_is_shown_by_plugins(fake_dists):
+    """The `gradpipe.components` index only makes loading lazy, so a wrong entry
+    breaks nothing visibly; the contract suite and `gradpipe plugins` name it."""
+    fake_dists.add("gradpipe-halver", "0.1", {"halver": "gp_halver"}, {"gp_halver": """
+        import attrs
+        import gradpipe.plugin as gp
+
+        @attrs.frozen(kw_only=True)
+        class HalveConfig:
+            pass
+
+        def halve(config):
+            return gp.GradientTransform(init=lambda params: (),
+                                        update=lambda g, s, p=None: ([x / 2 for x in g], s))
+
+        @gp.hookimpl
+        def gradpipe_register_transforms(register):
+            register("halve", halve, HalveConfig)
+    """})
+    info = fake_dists.root / "gradpipe_halver-0.1.dist-info" / "entry_points.txt"
+    info.write_text(info.read_text() + '\n[gradpipe.components]\n'
+                    'transforms.halve = gp_halver\ntransform.double = gp_halver\n')
+    code = """
+        from gradpipe.testing import ContractError, contract_cases
+        try:
+            contract_cases(dist="gradpipe-halver")
+        except ContractError as error:
+            print(error)
+    """
+    out = fake_dists.run(code).stdout
+    assert "index entry 'transforms.halve' is not \"kind.name\" with kind one of transform" in out
+    assert "index lists transform 'double', which the plugin does not register" in out
+    assert "index does not list transform 'halve'" in out
+    listed = fake_dists.run("from gradpipe.cli import main; main(['plugins'])").stdout
+    assert "warning: index entry 'transforms.halve'" in listed

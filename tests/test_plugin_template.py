@@ -80,3 +80,15 @@ def test_bad_names(tmp_path, bad):
     made = subprocess.run([sys.executable, "-m", "gradpipe.cli", "new-plugin", bad,
                            "--directory", str(tmp_path)], capture_output=True, text=True)
     assert made.returncode == 1 and "must be letters" in made.stderr
+
+
+def test_next_step_is_a_command_that_works_and_clashes_are_named(tmp_path):
+    """The printed install command names the folder (not a package on the index) with
+    the test extra, and a name a built-in already has is pointed out at once."""
+    made = subprocess.run([sys.executable, "-m", "gradpipe.cli", "new-plugin", "adam"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert ('python -m pip install "./gradpipe-adam[test]" && '
+            "python -m pytest ./gradpipe-adam/tests") in made.stdout
+    assert "transform 'adam' already exists" in made.stdout
+    assert "'gradpipe-adam>adam'" in made.stdout

@@ -152,6 +152,25 @@ class TestLoading:
         assert record["status"] == "failed"
         assert "did you mean 'gradpipe_register_transforms'" in record["error"]
 
+    @pytest.mark.parametrize("capabilities, expected", [
+        ("gradpipe.plugin.Capabilities(update_rul=True)",
+         "unknown capability 'update_rul' (did you mean 'update_rule'?)"),
+        ("{'update_rul': True}", "unknown capability 'update_rul' (did you mean"),
+        ("gradpipe.plugin.Capabilities(update_rule=1)",
+         "capability update_rule must be True or False, got 1"),
+    ])
+    def test_a_misspelt_or_mistyped_capability_fails_the_plugin(self, fake_dists,
+                                                                capabilities, expected):
+        code = GOOD.format(name="scale").replace(
+            "import gradpipe\n", "import gradpipe\n    import gradpipe.plugin\n").replace(
+            "register(\"scale\", scale, Config)",
+            f"register(\"scale\", scale, Config, capabilities={capabilities})")
+        fake_dists.add("gradpipe-caps", "0.1", {"caps": "gp_caps"}, {"gp_caps": code})
+        record = by_entry_point(fake_dists.registry_json())["caps"]
+        assert record["status"] == "failed"
+        assert expected in record["error"]
+        assert record["location"].endswith("gp_caps.py:19")  # the register(...) line
+
     def test_import_failure_names_the_plugins_own_line(self, fake_dists):
         """A plugin failing at import: its own file and line (not importlib's), and the
         full traceback on request (--traceback or GRADPIPE_PLUGIN_TRACEBACKS=1)."""

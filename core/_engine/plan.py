@@ -177,7 +177,8 @@ def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],
     blocker = _pack_blocker(spec, variables, pre_reduce, replicas)
     if not blocker and mode is not True:
         if len(variables) < AUTO_PACK_MIN_VARIABLES:
-            return Choice(False, f'"auto": {len(variables)} variables, fewer than the '
+            many = "" if len(variables) == 1 else "s"
+            return Choice(False, f'"auto": {len(variables)} variable{many}, fewer than the '
                                  f"{AUTO_PACK_MIN_VARIABLES} where packing pays")
         pays, why = xla_pays(sizes, kernel_usable)
         if pays:
