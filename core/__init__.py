@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .api import build, create, load, parse
 from .errors import ConfigError, GradpipeError, PlacementError, PluginError
 from .fields import FieldError, hyperparameter, schedule_field
+from .from_keras import from_keras
 from .hookspecs import PLUGIN_API_VERSION, hookimpl, hookspec
 from .transform import Transform, hyper, map_grads, no_state, one_minus, schedule, shared
 
@@ -31,6 +32,7 @@ __all__ = [
     "__version__",
     "build",
     "create",
+    "from_keras",
     "hookimpl",
     "hookspec",
     "hyper",

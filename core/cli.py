@@ -1,6 +1,6 @@
 """The ``gradpipe`` command line.
 
-``plugins`` and ``check`` never import TensorFlow, so they answer in well
+``plugins``, ``describe`` and ``check`` never import TensorFlow, so they answer in well
 under a second; ``run`` and ``check --plan`` import it only once the file is
 known to be valid.
 """
@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import textwrap
 from collections.abc import Sequence
-from typing import Any
 
 from .errors import ConfigError, GradpipeError
-
-#: The built-in problems' own step counts (a test holds this to the problems).
-DEFAULT_STEPS_HELP = ("quadratic 500, noisy_quadratic 1000, rosenbrock 3000, "
-                      "logistic_regression 1000, mlp_classifier 2000; a plugin's problem "
-                      "without default_steps 500")
+from .run_command import add_run_parser, import_tensorflow_quietly
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,6 +54,17 @@ def _parser() -> argparse.ArgumentParser:
                         "(also GRADPIPE_PLUGIN_TRACEBACKS=1)")
     p.set_defaults(func=cmd_plugins)
 
+    p = sub.add_parser("describe", help="show a component's keys: type, default, valid "
+                                        "range and meaning")
+    p.add_argument("kind_word", nargs="?", metavar="KIND",
+                   help="the component's kind, when the name alone is ambiguous "
+                        "(transform adam)")
+    p.add_argument("name", metavar="NAME", help="the component's name: adam, or dist>name")
+    p.add_argument("--kind", help="the component's kind: transform, loss_scale, schedule, "
+                                  "convergence, placement or problem")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_describe)
+
     p = sub.add_parser("check", help="validate a pipeline file")
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -90,52 +95,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--directory", default=".", help="where to create it (default: here)")
     p.set_defaults(func=cmd_new_plugin)
 
-    p = sub.add_parser("run", help="run a pipeline on a built-in problem")
-    p.add_argument("file")
-    p.add_argument("--problem", help="problem name (default: the file's [problem])")
-    p.add_argument("--steps", type=int, default=None,
-                   help=f"number of steps (default: the problem's own: {DEFAULT_STEPS_HELP})")
-    p.add_argument("--seed", type=int, default=0, help="TensorFlow random seed")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--plot", metavar="PNG", help="draw loss, learning rate and loss scale")
-    p.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="save checkpoints here and resume from the latest one")
-    p.add_argument("--checkpoint-every", type=int, default=100, metavar="N",
-                   help="steps between checkpoints (default 100)")
-    p.add_argument("--placement", metavar="KIND",
-                   help="override [placement] with this placement and its defaults")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("from-keras", help="write the pipeline of a Keras 3 optimizer as TOML")
+    p.add_argument("config", help="JSON of keras.optimizers.serialize(optimizer), a model "
+                                  "config with a compile_config, or a .keras file")
+    p.add_argument("-o", "--output", metavar="TOML",
+                   help="write the pipeline file here (default: print it)")
+    p.set_defaults(func=cmd_from_keras)
+
+    add_run_parser(sub)
     return parser
-
-
-def import_tensorflow_quietly(spec: Any = None) -> None:
-    """Import TensorFlow and initialise its devices with stderr muted.
-
-    TF's C++ start-up lines (oneDNN, CUDA probing) ignore TF_CPP_MIN_LOG_LEVEL
-    and drown the CLI's own output. Set GRADPIPE_TF_LOGS=1 to see them.
-    """
-    if "tensorflow" in sys.modules or os.environ.get("GRADPIPE_TF_LOGS") == "1":
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.stderr.flush()
-    fd = sys.stderr.fileno()
-    saved, devnull = os.dup(fd), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, fd)
-    try:
-        import tensorflow as tf
-
-        placement = getattr(getattr(spec, "placement", None), "config", None)
-        count = getattr(placement, "logical_cpus", 0)
-        if count:  # splitting the CPU must precede the runtime start
-            from .distribute import split_cpu
-
-            split_cpu(count)
-        tf.config.list_logical_devices()
-    finally:
-        os.dup2(saved, fd)
-        os.close(saved)
-        os.close(devnull)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -179,6 +147,19 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             print(f"    fix: upgrade or uninstall {r.provider.dist}, or set "
                   f"GRADPIPE_DISABLED_PLUGINS={r.provider.entry_point}"
                   + ("" if full else "; --traceback shows the full traceback"))
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    from .describe import describe, find_component, format_text
+    from .registry import get_registry
+
+    kind = args.kind_word or args.kind
+    if args.kind_word and args.kind and args.kind_word != args.kind:
+        raise GradpipeError(f"kind {args.kind_word!r} and --kind {args.kind!r} disagree")
+    registry = get_registry()
+    info = describe(find_component(registry, args.name, kind), registry)
+    print(json.dumps(info, indent=2) if args.json else format_text(info))
     return 0
 
 
@@ -243,6 +224,20 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_from_keras(args: argparse.Namespace) -> int:
+    from .from_keras import pipeline_toml
+
+    import_tensorflow_quietly()
+    text = pipeline_toml(args.config)
+    if args.output:
+        with open(args.output, "w") as out:
+            out.write(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(text, end="")
+    return 0
+
+
 def cmd_new_plugin(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -260,48 +255,6 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
               f"pipeline must write 'gradpipe>{name}' or '{root.name}>{name}'. "
               "Rename the component in the generated module to avoid that.")
     return 0
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from .api import parse
-    from .runner import run_problem
-
-    spec = parse(args.file)
-    if args.placement:
-        spec = _with_placement(spec, args.placement)
-    import_tensorflow_quietly(spec)
-    summary = run_problem(spec, problem=args.problem, steps=args.steps, seed=args.seed,
-                          progress=not (args.quiet or args.json), plot=args.plot,
-                          checkpoint_dir=args.checkpoint_dir,
-                          checkpoint_every=args.checkpoint_every)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(format_summary(summary))
-    return 0
-
-
-def _with_placement(spec: Any, kind: str) -> Any:
-    import attrs
-
-    from .components import component_spec
-
-    return attrs.evolve(spec, placement=component_spec("placement", {"kind": kind}))
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    rows = [(key.replace("_", " "), _fmt(value)) for key, value in summary.items()]
-    width = max(len(k) for k, _ in rows)
-    line = "-" * (width + 2 + max(len(v) for _, v in rows))
-    return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -60,7 +60,8 @@ def _skip_schedules(validator: Callable[..., Any] | None) -> Callable[..., Any] 
         if is_constant(value):
             validator(inst, attribute, value)
 
-    return check
+    # What it accepts is what the validator it wraps accepts (gradpipe describe).
+    return Check(check, getattr(validator, "describe", None), wraps=validator)
 
 
 def hyperparameter(*, default: Any = attrs.NOTHING, validator: Any = None) -> Any:
@@ -102,31 +103,66 @@ def valid_patterns(inst: Any, attribute: Any, value: Sequence[str]) -> None:
                              f"{exc}") from None
 
 
+valid_patterns.describe = "regular expressions"  # type: ignore[attr-defined]
+
+
 # -- validators with messages a user can act on -------------------------------
 
 
-def _number_check(ok: Callable[[float], bool], text: str) -> Callable[..., None]:
+class Check:
+    """A field validator that can say what it accepts.
+
+    ``describe`` is the valid range in words (``"[0, 1)"``, ``"> 0"``), printed by
+    ``gradpipe describe`` and read by :mod:`gradpipe.describe`; ``wraps`` is the
+    validator it delegates to, if any. A plugin's own validator function may carry a
+    ``describe`` string attribute the same way.
+    """
+
+    __slots__ = ("_check", "describe", "wraps")
+
+    def __init__(self, check: Callable[[Any, Any, Any], None], describe: str | None,
+                 *, wraps: Any = None) -> None:
+        self._check = check
+        self.describe = describe
+        self.wraps = wraps
+
+    def __call__(self, inst: Any, attribute: Any, value: Any) -> None:
+        self._check(inst, attribute, value)
+
+    def __repr__(self) -> str:
+        return f"<gradpipe check {self.describe or self.wraps!r}>"
+
+
+def _num(value: float) -> str:
+    """A bound as a reader writes it: ``0`` and ``1``, not ``0.0`` and ``1.0``."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return str(value)
+
+
+def _number_check(ok: Callable[[float], bool], text: str,
+                  describe: str) -> Callable[..., None]:
     def check(inst: Any, attribute: Any, value: Any) -> None:
         if value is not None and not ok(value):
             raise ValueError(f"must be {text}, got {value!r}")
 
-    return check
+    return Check(check, describe)
 
 
 def positive() -> Callable[..., None]:
-    return _number_check(lambda v: v > 0, "> 0")
+    return _number_check(lambda v: v > 0, "> 0", "> 0")
 
 
 def non_negative() -> Callable[..., None]:
-    return _number_check(lambda v: v >= 0, ">= 0")
+    return _number_check(lambda v: v >= 0, ">= 0", ">= 0")
 
 
 def at_least(low: float) -> Callable[..., None]:
-    return _number_check(lambda v: v >= low, f">= {low}")
+    return _number_check(lambda v: v >= low, f">= {low}", f">= {_num(low)}")
 
 
 def greater_than(low: float) -> Callable[..., None]:
-    return _number_check(lambda v: v > low, f"> {low}")
+    return _number_check(lambda v: v > low, f"> {low}", f"> {_num(low)}")
 
 
 def in_range(
@@ -139,7 +175,8 @@ def in_range(
         below = v < high if high_open else v <= high
         return above and below
 
-    return _number_check(ok, f"in {lo}{low}, {high}{hi}")
+    return _number_check(ok, f"in {lo}{low}, {high}{hi}",
+                         f"{lo}{_num(low)}, {_num(high)}{hi}")
 
 
 def one_of(*choices: str) -> Callable[..., None]:
@@ -150,7 +187,7 @@ def one_of(*choices: str) -> Callable[..., None]:
                 + did_you_mean(str(value), choices)
             )
 
-    return check
+    return Check(check, f"one of {', '.join(map(repr, choices))}")
 
 
 def increasing() -> Callable[..., None]:
@@ -158,7 +195,7 @@ def increasing() -> Callable[..., None]:
         if any(b <= a for a, b in itertools.pairwise(value)):
             raise ValueError(f"must be strictly increasing, got {list(value)!r}")
 
-    return check
+    return Check(check, "strictly increasing")
 
 
 # -- type checking of TOML values -------------------------------------------

@@ -26,6 +26,13 @@ def variable_path(var: Any) -> str:
     return re.sub(r":\d+$", "", name)
 
 
+def path_matches(patterns: tuple[str, ...] | list[str], var: Any) -> bool:
+    """Whether any of ``patterns`` (regular expressions, ``re.search``) matches the
+    variable's path: what ``exclude_from_weight_decay`` and the like select."""
+    path = variable_path(var)
+    return any(re.search(p, path) for p in patterns)
+
+
 def scope_name(i: int, name: str) -> str:
     """The name scope of transform ``i``'s ops (how XLA errors name a transform)."""
     return f"transforms_{i}_{name}"

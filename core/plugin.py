@@ -47,13 +47,14 @@ from .fields import (
     variable_patterns,
 )
 from .hookspecs import PLUGIN_API_VERSION, hookimpl
-from .names import variable_path
+from .names import path_matches, variable_path
 from .tensors import (
     all_finite,
     dense,
     is_sparse,
     map_values,
     norm,
+    rowwise,
     scatter_add,
     slice_values,
     slot_dtype,
@@ -106,8 +107,10 @@ __all__ = [
     "norm",
     "one_minus",
     "one_of",
+    "path_matches",
     "positive",
     "record_squared_norm",
+    "rowwise",
     "scatter_add",
     "schedule",
     "schedule_field",

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import math
-import sys
 import time
 from typing import Any
 
+import attrs
+
 from .components import build_component
 from .errors import ConfigError
+from .progress import Progress
 from .spec import ComponentSpec, PipelineSpec
 
 DEFAULT_STEPS = 500
 
 
-def _problem_spec(spec: PipelineSpec, name: str | None) -> ComponentSpec:
+def problem_spec_of(spec: PipelineSpec, name: str | None) -> ComponentSpec:
+    """The problem to run: ``name`` with its defaults, or the file's ``[problem]``."""
     if name is None:
         if spec.problem is None:
             raise ConfigError("no problem to run: add a [problem] table with "
@@ -23,6 +26,18 @@ def _problem_spec(spec: PipelineSpec, name: str | None) -> ComponentSpec:
     from .components import component_spec
 
     return component_spec("problem", {"kind": name})
+
+
+def check_builds(spec: PipelineSpec, problem_spec: ComponentSpec) -> None:
+    """Build the pipeline for the problem's variables and throw both away: what only
+    the variables can tell (a ``freeze`` or ``exclude`` pattern that matches none)
+    fails now, not after the runs before it."""
+    from ._engine.pipeline import Pipeline
+
+    pipe = Pipeline(spec)
+    with pipe.strategy.scope():
+        variables = list(build_component(problem_spec).variables)
+    pipe.build(variables)
 
 
 def plan_problem(spec: PipelineSpec, *, problem: str | None = None,
@@ -36,7 +51,7 @@ def plan_problem(spec: PipelineSpec, *, problem: str | None = None,
     pipe = Pipeline(spec)
     with pipe.strategy.scope():
         if shapes is None:
-            variables = list(build_component(_problem_spec(spec, problem)).variables)
+            variables = list(build_component(problem_spec_of(spec, problem)).variables)
         else:
             variables = [tf.Variable(tf.zeros(s), name=f"variable_{i}")
                          for i, s in enumerate(shapes)]
@@ -47,17 +62,54 @@ def plan_problem(spec: PipelineSpec, *, problem: str | None = None,
             f"parameters:\n{pipe.plan}")
 
 
+@attrs.frozen(kw_only=True)
+class RunResult:
+    """One training run: the summary ``gradpipe run`` prints, and the per-step values."""
+
+    summary: dict[str, Any]
+    history: dict[str, list[float]]
+
+
+def seeded_problem(problem_spec: ComponentSpec, seed: int) -> ComponentSpec:
+    """The problem drawn with ``seed``: its own ``seed`` (data, start point) shifted by
+    ``seed``, so that every pipeline of one seed sees the same data in the same order."""
+    config = problem_spec.config
+    if seed == 0 or "seed" not in attrs.fields_dict(type(config)):
+        return problem_spec
+    return attrs.evolve(problem_spec, config=attrs.evolve(config, seed=config.seed + seed))
+
+
 def run_problem(spec: PipelineSpec, *, problem: str | None = None,
                 steps: int | None = None, seed: int = 0, progress: bool = True,
                 plot: str | None = None, checkpoint_dir: str | None = None,
                 checkpoint_every: int = 100) -> dict[str, Any]:
     """Train the problem with the pipeline until convergence or ``steps``; summarize."""
-    problem_spec = _problem_spec(spec, problem)
+    problem_spec = problem_spec_of(spec, problem)
+    result = train(spec, problem_spec, steps=steps, seed=seed,
+                   progress=problem_spec.name if progress else None,
+                   checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+    if plot:
+        from .plots import plot_history
+
+        plot_history(result.history, plot,
+                     title=f"{problem_spec.name}: {spec.source or 'pipeline'}")
+    return result.summary
+
+
+def train(spec: PipelineSpec, problem_spec: ComponentSpec, *, steps: int | None = None,
+          seed: int = 0, progress: str | None = None, checkpoint_dir: str | None = None,
+          checkpoint_every: int = 100, logdir: str | None = None) -> RunResult:
+    """One run: fresh variables and pipeline state, the problem drawn with ``seed``;
+    ``progress`` labels the progress line (``None``: none); ``logdir`` receives the
+    TensorBoard summaries of the pipeline and the loss."""
+    import contextlib
+
     import tensorflow as tf
 
     from ._engine.pipeline import Pipeline
-    from .convergence import AnyOf, gradient_step
 
+    begun = time.perf_counter()
+    problem_spec = seeded_problem(problem_spec, seed)
     tf.random.set_seed(seed)
     pipe = Pipeline(spec)
     strategy = pipe.strategy
@@ -65,67 +117,116 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
         task = build_component(problem_spec)
     variables = list(task.variables)
     pipe.build(variables)
+    writer = tf.summary.create_file_writer(logdir) if logdir else None
+    with writer.as_default() if writer else contextlib.nullcontext():
+        loop = _Loop(pipe, task, variables, checkpoint_dir, checkpoint_every)
+        total = steps if steps is not None else getattr(task, "default_steps", DEFAULT_STEPS)
+        history, wall, step_seconds = loop.run(total, progress, record=writer is not None)
+    if writer is not None:
+        writer.close()
+    summary = _summarize(pipe, task, problem_spec, loop, history, wall)
+    # The command's own cost: everything but the steps, counted at their median time
+    # (the first step's tracing and compiling is overhead too).
+    median = sorted(step_seconds)[len(step_seconds) // 2] if step_seconds else 0.0
+    summary["overhead_seconds"] = round(
+        time.perf_counter() - begun - median * len(step_seconds), 3)
+    return RunResult(summary=summary, history=history)
 
-    def replica_step(step: tf.Tensor) -> tuple[Any, ...]:
-        # Data parallelism: replica r of n takes mini-batch step * n + r.
-        ctx = tf.distribute.get_replica_context()
-        batch = step * ctx.num_replicas_in_sync + tf.cast(ctx.replica_id_in_sync_group,
-                                                          tf.int64)
-        lr, scale = pipe.learning_rate, pipe.loss_scale  # before the update moves them
-        loss, unscaled, params, _ = gradient_step(pipe, lambda: task.loss(batch), variables)
-        # For the criteria and the progress bar only: the global mean gradient.
-        unscaled = ctx.all_reduce(tf.distribute.ReduceOp.SUM, unscaled)
-        loss = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, loss)
-        return loss, unscaled, params, lr, scale
 
-    @tf.function
-    def train_step(step: tf.Tensor) -> tuple[Any, ...]:
-        results = strategy.run(replica_step, (step,))
-        return tf.nest.map_structure(lambda r: strategy.experimental_local_results(r)[0],
-                                     results)
+class _Loop:
+    """The training loop of one run, resumable from a checkpoint."""
 
-    position = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-    manager = None
-    resumed_from = 0
-    if checkpoint_dir:
-        ckpt = tf.train.Checkpoint(pipeline=pipe, problem=list(variables), step=position)
-        manager = tf.train.CheckpointManager(ckpt, checkpoint_dir, max_to_keep=3)
-        if manager.latest_checkpoint:  # the pipeline's state is matched by name
-            ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-            resumed_from = int(position.numpy())
+    def __init__(self, pipe: Any, task: Any, variables: list[Any],
+                 checkpoint_dir: str | None, checkpoint_every: int) -> None:
+        import tensorflow as tf
 
-    criteria = AnyOf(pipe.criteria) if pipe.criteria else None
-    check = tf.function(criteria.one_step) if criteria else None
-    total = steps if steps is not None else getattr(task, "default_steps", DEFAULT_STEPS)
-    bar = _Progress(total, enabled=progress)
-    history: dict[str, list[float]] = {"loss": [], "learning_rate": [], "loss_scale": []}
-    start = time.perf_counter()
-    state: Any = None
-    converged_by = None
-    done = resumed_from
-    for i in range(resumed_from, total):
-        loss, grads, params, lr, scale = train_step(tf.constant(i, tf.int64))
-        done = i + 1
-        position.assign(done)
-        if manager is not None and done % checkpoint_every == 0:
-            manager.save(checkpoint_number=done)
-        for key, value in zip(history, (loss, lr, scale)):
-            history[key].append(float(value))
-        if criteria is not None and check is not None:
-            if state is None:
-                state = criteria.bootstrap(loss, grads, params)
-            else:
-                flag, which, state = check(tf.constant(i), loss, grads, params, state)
-                if bool(tf.reduce_all(flag)):
-                    converged_by = pipe.criteria[int(which)].name
-        bar.update(done, history["loss"][-1], history["learning_rate"][-1],
-                   history["loss_scale"][-1])
-        if converged_by:
-            break
-    bar.close()
-    if manager is not None:
-        manager.save(checkpoint_number=done)
-    wall = time.perf_counter() - start
+        from .convergence import AnyOf, gradient_step
+
+        self.pipe, self.task = pipe, task
+        strategy = pipe.strategy
+
+        def replica_step(step: tf.Tensor) -> tuple[Any, ...]:
+            # Data parallelism: replica r of n takes mini-batch step * n + r.
+            ctx = tf.distribute.get_replica_context()
+            batch = step * ctx.num_replicas_in_sync + tf.cast(
+                ctx.replica_id_in_sync_group, tf.int64)
+            lr, scale = pipe.learning_rate, pipe.loss_scale  # before the update moves them
+            loss, unscaled, params, _ = gradient_step(pipe, lambda: task.loss(batch),
+                                                      variables)
+            # For the criteria and the progress line only: the global mean gradient.
+            unscaled = ctx.all_reduce(tf.distribute.ReduceOp.SUM, unscaled)
+            loss = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, loss)
+            return loss, unscaled, params, lr, scale
+
+        @tf.function
+        def train_step(step: tf.Tensor) -> tuple[Any, ...]:
+            results = strategy.run(replica_step, (step,))
+            return tf.nest.map_structure(
+                lambda r: strategy.experimental_local_results(r)[0], results)
+
+        self.train_step = train_step
+        self.position = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.manager = None
+        self.resumed_from = 0
+        self.checkpoint_every = checkpoint_every
+        if checkpoint_dir:
+            ckpt = tf.train.Checkpoint(pipeline=pipe, problem=list(variables),
+                                       step=self.position)
+            self.manager = tf.train.CheckpointManager(ckpt, checkpoint_dir, max_to_keep=3)
+            if self.manager.latest_checkpoint:  # the pipeline's state is matched by name
+                ckpt.restore(self.manager.latest_checkpoint).assert_existing_objects_matched()
+                self.resumed_from = int(self.position.numpy())
+        self.criteria = AnyOf(pipe.criteria) if pipe.criteria else None
+        self.converged_by: str | None = None
+        self.done = self.resumed_from
+
+    def run(self, total: int, label: str | None, record: bool
+            ) -> tuple[dict[str, list[float]], float, list[float]]:
+        import tensorflow as tf
+
+        from ._engine.summaries import write_scalar
+
+        check = tf.function(self.criteria.one_step) if self.criteria else None
+        bar = Progress(total, label or "", enabled=label is not None,
+                       initial=self.resumed_from)
+        history: dict[str, list[float]] = {"loss": [], "learning_rate": [], "loss_scale": []}
+        step_seconds = []
+        start = time.perf_counter()
+        state: Any = None
+        for i in range(self.resumed_from, total):
+            began = time.perf_counter()
+            loss, grads, params, lr, scale = self.train_step(tf.constant(i, tf.int64))
+            values = (float(loss), float(lr), float(scale))
+            step_seconds.append(time.perf_counter() - began)
+            self.done = i + 1
+            self.position.assign(self.done)
+            if self.manager is not None and self.done % self.checkpoint_every == 0:
+                self.manager.save(checkpoint_number=self.done)
+            for key, value in zip(history, values):
+                history[key].append(value)
+                if record:
+                    write_scalar(f"run/{key}", value, step=i)
+            if self.criteria is not None and check is not None:
+                if state is None:
+                    state = self.criteria.bootstrap(loss, grads, params)
+                else:
+                    flag, which, state = check(tf.constant(i), loss, grads, params, state)
+                    if bool(tf.reduce_all(flag)):
+                        self.converged_by = self.pipe.criteria[int(which)].name
+            bar.update(self.done, *values)
+            if self.converged_by:
+                break
+        bar.close()
+        if self.manager is not None:
+            self.manager.save(checkpoint_number=self.done)
+        return history, time.perf_counter() - start, step_seconds
+
+
+def _summarize(pipe: Any, task: Any, problem_spec: ComponentSpec, loop: _Loop,
+               history: dict[str, list[float]], wall: float) -> dict[str, Any]:
+    import tensorflow as tf
+
+    done, resumed_from = loop.done, loop.resumed_from
     final_loss = float(task.loss(tf.constant(done, tf.int64)))
     reached = (task.succeeded(final_loss) if hasattr(task, "succeeded")
                else final_loss <= task.target_loss)
@@ -137,8 +238,8 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
         "resumed_from_step": resumed_from,
         "applied_updates": int(pipe.iterations.numpy()),
         "skipped_steps": int(pipe.skipped_steps.numpy()),
-        "converged": converged_by is not None,
-        "converged_by": converged_by,
+        "converged": loop.converged_by is not None,
+        "converged_by": loop.converged_by,
         "final_loss": final_loss,
         "target_reached": bool(reached),
     }
@@ -154,61 +255,6 @@ def run_problem(spec: PipelineSpec, *, problem: str | None = None,
         "wall_seconds": round(wall, 3),
         "steps_per_second": round((done - resumed_from) / wall, 1) if wall > 0 else None,
     })
-    if plot:
-        plot_history(history, plot, title=f"{problem_spec.name}: {spec.source or 'pipeline'}")
     return summary
 
 
-def plot_history(history: dict[str, list[float]], path: str, title: str) -> None:
-    """Loss, learning rate and loss scale over steps, stacked, as a PNG."""
-    from .errors import GradpipeError
-
-    try:
-        import matplotlib
-    except ImportError:  # pragma: no cover - optional dependency
-        raise GradpipeError("--plot needs matplotlib: pip install 'gradpipe[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(3, 1, figsize=(8, 7), dpi=120, sharex=True)
-    labels = {"loss": "loss", "learning_rate": "learning rate", "loss_scale": "loss scale"}
-    for ax, (key, values) in zip(axes, history.items()):
-        ax.plot(range(len(values)), values, linewidth=1.5)
-        ax.set_ylabel(labels[key])
-        ax.grid(True, alpha=0.3)
-        positive = [v for v in values if v > 0 and math.isfinite(v)]
-        if key != "learning_rate" and positive and max(positive) / min(positive) > 100:
-            ax.set_yscale("log")
-    axes[-1].set_xlabel("step")
-    axes[0].set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-class _Progress:
-    """A small progress bar on stderr (no dependency)."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total = max(total, 1)
-        self.enabled = enabled
-        self.tty = sys.stderr.isatty()
-        self.last = -1
-
-    def update(self, done: int, loss: float, lr: float, scale: float) -> None:
-        if not self.enabled:
-            return
-        percent = int(100 * done / self.total)
-        step = 1 if self.tty else 10
-        if percent // step == self.last // step and done != self.total:
-            return
-        self.last = percent
-        filled = int(30 * done / self.total)
-        text = (f"[{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} "
-                f"loss {loss:.4g}  lr {lr:.3g}  scale {scale:.4g}")
-        print(("\r" if self.tty else "") + text, end="" if self.tty else "\n",
-              file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.enabled and self.tty:
-            print(file=sys.stderr)

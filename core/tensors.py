@@ -24,6 +24,34 @@ def dense(g: Any) -> Any:
     return tf.convert_to_tensor(g) if is_sparse(g) else g
 
 
+def rowwise(fn: Any, g: Any, slots: Sequence[Any], *, lazy: bool,
+            extra: Sequence[Any] = ()) -> tuple[Any, list[Any]]:
+    """Run a rule's per-element maths ``fn(g, *slots, *extra) -> (update, new_slots)``.
+
+    With ``lazy`` and an IndexedSlices ``g``, on the touched rows only (duplicate
+    indices summed first): the old rows of each slot and of each ``extra`` tensor
+    (the variable's value, say) are gathered, and the update and the new slots
+    come back as IndexedSlices of those rows, which the engine scatters into the
+    variable and its slots. The rows no gradient touches are not read, written
+    or decayed (TF Addons' ``LazyAdam``). Otherwise ``g`` is made dense first.
+    """
+    import tensorflow as tf
+
+    if not (lazy and is_sparse(g)):
+        update, new = fn(dense(g), *slots, *extra)
+        return update, list(new)
+    g = dedupe(g)
+
+    def rows(t: Any) -> Any:
+        return tf.gather(t, g.indices)
+
+    def sliced(t: Any) -> Any:
+        return tf.IndexedSlices(t, g.indices, g.dense_shape)
+
+    update, new = fn(g.values, *map(rows, slots), *map(rows, extra))
+    return sliced(update), [sliced(t) for t in new]
+
+
 def map_values(g: Any, fn: Any) -> Any:
     """Apply ``fn`` to a dense tensor, or to the values of IndexedSlices."""
     import tensorflow as tf
@@ -78,4 +106,6 @@ def all_finite(tensors: Sequence[Any]) -> Any:
 
     checks = [t if t.dtype == tf.bool else tf.reduce_all(tf.math.is_finite(t))
               for t in (slice_values(t) for t in tensors if t is not None)]
+    if len(checks) == 1 and checks[0].shape.rank == 0:  # no stack, no second reduce
+        return checks[0]
     return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)

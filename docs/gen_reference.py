@@ -9,18 +9,15 @@ A test runs the check, so the reference can never drift from the code.
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from gradpipe._engine.proofs import PROVED
 from gradpipe.cli import _parser
+from gradpipe.config_rows import FieldRow, field_rows, summary
 from gradpipe.entry_points import KIND_HOOKS
-from gradpipe.fields import HYPER, SCHEDULE, field_types
 from gradpipe.registry import get_registry
 
 PAGE = Path(__file__).parent / "reference" / "components.md"
@@ -35,41 +32,8 @@ TITLES = {
 }
 
 
-def _type(tp: object, field: attrs.Attribute) -> str:
-    if field.metadata.get(HYPER):
-        return "float or schedule"
-    if field.metadata.get(SCHEDULE):
-        return "schedule"
-    text = getattr(tp, "__name__", None) or str(tp)
-    return text.replace("typing.", "").replace("NoneType", "None")
-
-
-def _default(field: attrs.Attribute) -> str:
-    if field.default is attrs.NOTHING:
-        return "**required**"
-    if isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
-        return "`" + repr(field.default.factory()) + "`"
-    return f"`{field.default!r}`"
-
-
-def _attribute_docs(cls: type) -> dict[str, str]:
-    doc = inspect.getdoc(cls) or ""
-    found: dict[str, str] = {}
-    current = None
-    in_attrs = False
-    for line in doc.splitlines():
-        if line.strip() == "Attributes:":
-            in_attrs = True
-            continue
-        if not in_attrs:
-            continue
-        stripped = line.strip()
-        if line.startswith("    ") and not line.startswith("        ") and ":" in stripped:
-            current, text = stripped.split(":", 1)
-            found[current] = text.strip()
-        elif current and line.startswith("        "):
-            found[current] += " " + stripped
-    return found
+def _default(row: FieldRow) -> str:
+    return "**required**" if row.required else f"`{row.default_text}`"
 
 
 def _engine_notes(comp: Any) -> str:
@@ -97,22 +61,19 @@ def render() -> str:
         out += [f"## {TITLES[kind]}", ""]
         for name in names:
             comp = registry.components[(kind, name)]
-            cls = comp.config_cls
-            summary = (inspect.getdoc(comp.factory) or inspect.getdoc(cls) or "").split("\n")[0]
-            out += [f"### `{name}`", "", summary, ""]
+            out += [f"### `{name}`", "", summary(comp), ""]
             notes = _engine_notes(comp)
             if notes:
                 out += [f"Engine: {notes}.", ""]
-            docs = _attribute_docs(cls)
-            fields = attrs.fields(cls)
-            if not fields:
+            rows = field_rows(comp.config_cls)  # shared with `gradpipe describe`
+            if not rows:
                 out += ["No parameters.", ""]
                 continue
-            types = field_types(cls)
             out += ["| key | type | default | meaning |", "|---|---|---|---|"]
-            for f in fields:
-                out.append(f"| `{f.name}` | {_type(types.get(f.name), f)} | {_default(f)} "
-                           f"| {docs.get(f.name, '')} |")
+            for row in rows:
+                cells = [f"`{row.name}`", row.type, _default(row), row.meaning]
+                # A "|" inside a cell ("int | float") would split the table's row.
+                out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
             out.append("")
     return "\n".join(out).rstrip() + "\n"
 

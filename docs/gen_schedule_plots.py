@@ -40,6 +40,21 @@ EXAMPLES: dict[str, dict] = {
     "sequence": {"kind": "sequence", "boundaries": [300],
                  "schedules": [{"kind": "constant", "value": 0.1},
                                {"kind": "cosine", "learning_rate": 0.1, "decay_steps": 700}]},
+    # Keras's schedules, under their class names
+    "ExponentialDecay": {"kind": "ExponentialDecay", "initial_learning_rate": 0.1,
+                         "decay_steps": 200, "decay_rate": 0.5, "staircase": True},
+    "PiecewiseConstantDecay": {"kind": "PiecewiseConstantDecay", "boundaries": [300, 700],
+                               "values": [0.1, 0.01, 0.001]},
+    "PolynomialDecay": {"kind": "PolynomialDecay", "initial_learning_rate": 0.1,
+                        "decay_steps": 300, "end_learning_rate": 0.001, "power": 2.0,
+                        "cycle": True},
+    "InverseTimeDecay": {"kind": "InverseTimeDecay", "initial_learning_rate": 0.1,
+                         "decay_steps": 100, "decay_rate": 0.5},
+    "CosineDecay": {"kind": "CosineDecay", "initial_learning_rate": 0.0, "decay_steps": 800,
+                    "alpha": 0.1, "warmup_target": 0.1, "warmup_steps": 200},
+    "CosineDecayRestarts": {"kind": "CosineDecayRestarts", "initial_learning_rate": 0.1,
+                            "first_decay_steps": 150, "t_mul": 2.0, "m_mul": 0.8,
+                            "alpha": 0.05},
 }
 
 

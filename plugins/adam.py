@@ -21,8 +21,8 @@ from gradpipe.plugin import (
     keep_where_skipped,
     non_negative,
     one_minus,
-    value_of,
-    variable_path,
+    path_matches,
+    rowwise,
     variable_patterns,
     zeros_like_vars,
 )
@@ -38,6 +38,9 @@ class AdamConfig:
         beta_2: decay of the second moment, in [0, 1).
         epsilon: added to the root of the second moment.
         amsgrad: use the running maximum of the second moment.
+        lazy: with a sparse gradient (an embedding's), update only the rows it
+            touches, of the variable and of its moments, as TF Addons' LazyAdam:
+            the moments of the other rows are not decayed that step.
     """
 
     example: ClassVar[dict] = {"learning_rate": 0.05}
@@ -48,6 +51,7 @@ class AdamConfig:
                                  validator=in_range(0.0, 1.0, high_open=True))
     epsilon: float = attrs.field(default=1e-7, validator=non_negative())
     amsgrad: bool = False
+    lazy: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -86,9 +90,7 @@ def adam(cfg: AdamConfig) -> Transform:
     excluded = cfg.exclude_from_weight_decay if isinstance(cfg, AdamWConfig) else ()
 
     def decays(var: Any) -> bool:
-        import re
-
-        return not any(re.search(p, variable_path(var)) for p in excluded)
+        return not path_matches(excluded, var)
 
     def init(variables: list[Any]) -> AdamState:
         import tensorflow as tf
@@ -102,27 +104,40 @@ def adam(cfg: AdamConfig) -> Transform:
 
         count = state.count + 1
         alpha = _step_size(lr(), beta_1(), beta_2(), count)
+
+        def step(g: Any, m: Any, v: Any, *rest: Any) -> Any:
+            """One variable's step (or its touched rows'); ``rest``: the running
+            maximum with ``amsgrad``, then the variable's value where it decays."""
+            dtype = m.dtype
+            g = tf.cast(g, dtype)
+            new = (m + (g - m) * one_minus(beta_1, dtype),
+                   v + (tf.square(g) - v) * one_minus(beta_2, dtype))
+            # the step from the moments as written: the compiled step writes each once
+            m, v = keep_where_skipped(new, (m, v))
+            slots, second = [m, v], v
+            if cfg.amsgrad:
+                second = keep_where_skipped(tf.maximum(rest[0], v), rest[0])
+                slots.append(second)
+            update = m * tf.cast(alpha, dtype) / (tf.sqrt(second)
+                                                  + tf.cast(cfg.epsilon, dtype))
+            if decay is not None and len(rest) > cfg.amsgrad:  # Keras: var -= var*wd*lr first
+                update += tf.cast(rest[-1], dtype) * tf.cast(decay() * lr(), dtype)
+            return update, slots
+
         updates: list[Any] = []
         mus, nus, maxes = list(state.mu), list(state.nu), list(state.nu_max)
         for i, (g, var) in enumerate(zip(grads, variables)):
             if g is None:
                 updates.append(None)
                 continue
-            dtype = mus[i].dtype
-            g = tf.cast(dense(g), dtype)
-            new = (mus[i] + (g - mus[i]) * one_minus(beta_1, dtype),
-                   nus[i] + (tf.square(g) - nus[i]) * one_minus(beta_2, dtype))
-            # the step from the moments as written: the compiled step writes each once
-            mus[i], nus[i] = keep_where_skipped(new, (mus[i], nus[i]))
-            second = nus[i]
+            slots = [mus[i], nus[i]] + ([maxes[i]] if cfg.amsgrad else [])
+            decayed = decay is not None and decays(var)
+            update, new = rowwise(step, g, slots, lazy=cfg.lazy,
+                                  extra=[var] if decayed else [])
+            updates.append(update)
+            mus[i], nus[i] = new[0], new[1]
             if cfg.amsgrad:
-                maxes[i] = second = keep_where_skipped(tf.maximum(maxes[i], nus[i]),
-                                                       maxes[i])
-            step = mus[i] * tf.cast(alpha, dtype) / (tf.sqrt(second)
-                                                     + tf.cast(cfg.epsilon, dtype))
-            if decay is not None and decays(var):  # Keras: var -= var * wd * lr first
-                step += value_of(var, dtype) * tf.cast(decay() * lr(), dtype)
-            updates.append(step)
+                maxes[i] = new[2]
         return updates, AdamState(count, mus, nus, maxes)
 
     return Transform(init, update)

@@ -75,7 +75,7 @@ def adagrad(cfg: AdagradConfig) -> Transform:
                 g = dedupe(g)
                 values = tf.cast(g.values, acc.dtype)
                 rows = tf.gather(acc, g.indices) + tf.square(values)
-                accs.append(tf.tensor_scatter_nd_update(acc, g.indices[:, None], rows))
+                accs.append(tf.IndexedSlices(rows, g.indices, g.dense_shape))  # rows only
                 updates.append(tf.IndexedSlices(lr_c * values / tf.sqrt(rows + cfg.epsilon),
                                                 g.indices, g.dense_shape))
                 continue

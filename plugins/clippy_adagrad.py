@@ -113,7 +113,9 @@ def clippy_adagrad(cfg: ClippyAdagradConfig) -> Transform:
                 g = dedupe(g)
                 values = tf.cast(g.values, dtype)
                 acc_rows = tf.gather(acc, g.indices)
-                var_rows = tf.gather(value_of(var, dtype), g.indices)
+                # rows of the variable itself: of a whole read, the row write to come
+                # would copy the whole table first
+                var_rows = tf.cast(tf.gather(var, g.indices), dtype)
             else:
                 values = tf.cast(g, dtype)
                 acc_rows, var_rows = acc, value_of(var, dtype)
@@ -131,7 +133,7 @@ def clippy_adagrad(cfg: ClippyAdagradConfig) -> Transform:
                 acc_update = values * factor if cfg.clip_accumulator_update else values
                 acc_rows = acc_rows + tf.square(acc_update)
             if sparse:
-                accs[i] = tf.tensor_scatter_nd_update(acc, g.indices[:, None], acc_rows)
+                accs[i] = tf.IndexedSlices(acc_rows, g.indices, g.dense_shape)  # rows only
                 updates.append(tf.IndexedSlices(clipped, g.indices, g.dense_shape))
             else:
                 accs[i] = acc_rows

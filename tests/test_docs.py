@@ -175,6 +175,27 @@ def test_run_help_gives_each_problems_own_default_steps():
     assert f"without default_steps {DEFAULT_STEPS}" in help_text
 
 
+def test_getting_started_comparison_is_what_the_command_prints():
+    """The comparison table in getting-started.md is rerun here and must match in
+    every column but steps/s; docs/gen_comparison.py rewrites it and the picture."""
+    result = subprocess.run([sys.executable, str(ROOT / "docs" / "gen_comparison.py"),
+                             "--check"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (ROOT / "docs" / "img" / "compare_digits.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_coming_from_keras_page_is_generated_from_the_registry_and_from_keras():
+    """Every Keras optimizer, schedule and optimizer argument, mapped by running the
+    registry and gradpipe.from_keras; docs/gen_keras_page.py rewrites the page."""
+    result = subprocess.run([sys.executable, str(ROOT / "docs" / "gen_keras_page.py"),
+                             "--check"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    page = (ROOT / "docs" / "coming-from-keras.md").read_text()
+    for argument in ("clipnorm", "global_clipnorm", "use_ema", "gradient_accumulation_steps",
+                     "loss_scale_factor"):
+        assert f"### `{argument}" in page, argument
+
+
 def test_plugin_guide_hook_table_agrees_with_the_hookspecs():
     """Each name the guide's hook table gives for what a factory returns is in that
     hook's specification: one truth, in gradpipe.hookspecs."""

@@ -259,10 +259,16 @@ class StateStore(tf.Module):
             grads[index] = g
         return grads
 
-    def read(self, i: int) -> Any:
+    def read(self, i: int, sparse: set[int] | frozenset[int] = frozenset()) -> Any:
+        """Transform ``i``'s state as tensors; the slots of the variables in ``sparse``
+        (whose gradients are IndexedSlices) as their ``tf.Variable``s. A transform
+        ``tf.gather``s those rows from the variable itself: gathered from a read of
+        the whole slot, the later write of the rows would copy the whole slot first
+        (TF copies a variable's buffer that a live tensor still shares)."""
         key, structure, names = self._layout.items[i]
-        leaves = self._leaf_variables[key]
-        return tf.nest.pack_sequence_as(structure, [leaves[n].read_value() for n in names])
+        leaves, owners = self._leaf_variables[key], self._owners[key]
+        return tf.nest.pack_sequence_as(structure, [
+            leaves[n] if owners[n] in sparse else leaves[n].read_value() for n in names])
 
     def layout_items(self) -> list[tuple[str, Any, list[str]]]:
         """``(key, structure, slot names)`` of every transform, in chain order."""
@@ -295,6 +301,10 @@ class StateStore(tf.Module):
             leaves = self._leaf_variables[key]
             for name, value in zip(names, tf.nest.flatten(state)):
                 leaf = leaves[name]
+                if isinstance(value, tf.IndexedSlices):  # new rows: only they are written
+                    ops.append(leaf.scatter_update(tf.IndexedSlices(
+                        tf.cast(value.values, leaf.dtype), value.indices, value.dense_shape)))
+                    continue
                 owner = self._owners[key][name]
                 previous = None if after is None or owner is None else after.get(owner)
                 if id(value) in (kept or ()):

@@ -190,9 +190,10 @@ class Step:
         for i, (spec, transform) in enumerate(zip(self.spec.transforms, self.transforms)):
             if (only is not None and i not in only) or (skip and i in skip):
                 continue
-            old = store.read(i)
             mask = store.masks[i]
             masked = [u if m else None for u, m in zip(updates, mask)]
+            old = store.read(i, sparse={j for j, u in enumerate(masked)
+                                        if isinstance(u, tf.IndexedSlices)})
             shared = self.context.shared
             if applies is not None:
                 shared[APPLIES], shared[KEPT] = applies, {}

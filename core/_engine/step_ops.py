@@ -34,17 +34,27 @@ def finite_outputs(outputs: Sequence[Any], state: Sequence[Any]) -> tf.Tensor:
     overflows (or is NaN) has the elements checked one by one."""
     updates = [u for u in outputs if u is not None]
     seen = {id(u) for u in updates}  # a state that is its updates (an EMA) is summed once
+    # Rows (IndexedSlices updates, and state leaves given as the rows they change) are
+    # checked element by element: a few rows, where a sum "as if dense" would first
+    # sum their duplicate indices; the norm recorded is then not theirs to give.
+    rows = [t.values for t in [*updates, *state] if isinstance(t, tf.IndexedSlices)]
+    updates = [u for u in updates if not isinstance(u, tf.IndexedSlices)]
     leaves = [t for t in state if isinstance(t, (tf.Tensor, tf.Variable))
               and t.dtype.is_floating and id(t) not in seen]
+    if rows and not updates and not leaves:
+        return all_finite(rows)
     compiled = in_xla_function()
     total = sum_of_squares(updates, nan_unless_finite=compiled)
-    record_squared_norm(list(outputs), total)
+    if not rows:
+        record_squared_norm(list(outputs), total)
     if leaves:
         total = total + sum_of_squares(leaves, nan_unless_finite=compiled)
     if compiled:
-        return tf.logical_not(tf.math.is_nan(total))
-    return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True),
-                   lambda: all_finite(updates + leaves))
+        finite = tf.logical_not(tf.math.is_nan(total))
+    else:
+        finite = tf.cond(tf.math.is_finite(total), lambda: tf.constant(True),
+                         lambda: all_finite(updates + leaves))
+    return finite & all_finite(rows) if rows else finite
 
 
 def finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled: Any,

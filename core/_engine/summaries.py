@@ -31,7 +31,7 @@ def _may_record(step: Any) -> bool:
     return bool(step.spec.options.summaries) and writer_may_record()
 
 
-def _scalar(tag: str, value: Any, step: Any) -> None:
+def write_scalar(tag: str, value: Any, step: Any) -> None:
     """A TensorBoard scalar via core ``tf.summary.write``: ``tf.summary.scalar`` would
     need the tensorboard package; the ``scalars`` plugin metadata is all it adds."""
     from tensorflow.core.framework import summary_pb2
@@ -62,20 +62,20 @@ def write_update_summaries(step: Any, grads: list[Any], updates: list[Any]) -> N
     wanted = set(step.spec.options.summaries)
     pipe, at = step.pipeline, step.counters.iterations
     if "learning_rate" in wanted:
-        _scalar("learning_rate", pipe.learning_rate, step=at)
+        write_scalar("learning_rate", pipe.learning_rate, step=at)
     if "hyperparameters" in wanted:
         for tag, value in step.scheduled:
-            _scalar(tag, value(), step=at)
+            write_scalar(tag, value(), step=at)
     if "global_gradient_norm" in wanted:
         norm = step.context.shared.get("global_norm")  # computed once by clipping
         if norm is None:
             norm = tf.sqrt(squared_norm(grads))  # the engine's sum when it has one
-        _scalar("global_gradient_norm", norm, step=at)
+        write_scalar("global_gradient_norm", norm, step=at)
     if "clipping_factors" in wanted:
         for slots in step.state.slots.values():
             for name, var in slots.items():
                 if name.startswith("clipping_factor/"):
-                    _scalar(f"clipping_factors/{name.split('/', 1)[1]}", var, step=at)
+                    write_scalar(f"clipping_factors/{name.split('/', 1)[1]}", var, step=at)
     if "update_ratios" in wanted:
         from ..names import variable_path
         from ..tensors import slice_values
@@ -85,7 +85,7 @@ def write_update_summaries(step: Any, grads: list[Any], updates: list[Any]) -> N
                 continue
             u = tf.norm(tf.cast(slice_values(update), tf.float32))
             w = tf.norm(tf.cast(tf.convert_to_tensor(var), tf.float32))
-            _scalar(f"update_ratios/{variable_path(var)}", tf.math.divide_no_nan(u, w),
+            write_scalar(f"update_ratios/{variable_path(var)}", tf.math.divide_no_nan(u, w),
                     step=at)
 
 
@@ -96,6 +96,6 @@ def write_step_summaries(step: Any) -> None:
     wanted = set(step.spec.options.summaries)
     pipe = step.pipeline
     if "loss_scale" in wanted:
-        _scalar("loss_scale", pipe.loss_scale, step=step.counters.iterations)
+        write_scalar("loss_scale", pipe.loss_scale, step=step.counters.iterations)
     if "skipped_steps" in wanted:
-        _scalar("skipped_steps", pipe.skipped_steps, step=step.counters.iterations)
+        write_scalar("skipped_steps", pipe.skipped_steps, step=step.counters.iterations)

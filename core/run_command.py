@@ -1,0 +1,172 @@
+"""``gradpipe run``: its options, and one run or a comparison of several.
+
+One file with one seed prints that run's full summary, as before. Several
+files, a ``--set`` sweep, ``--seeds N`` or ``--output`` make a comparison: one
+table, one picture, one folder (see :mod:`gradpipe.experiment`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import GradpipeError
+
+#: The built-in problems' own step counts (a test holds this to the problems).
+DEFAULT_STEPS_HELP = ("quadratic 500, digits 600, noisy_quadratic 1000, rosenbrock 3000, "
+                      "logistic_regression 1000, mlp_classifier 2000; a plugin's problem "
+                      "without default_steps 500")
+
+
+def add_run_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help="run pipelines on a built-in problem and compare them")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="pipeline files, or the folder of an earlier --output to rerun it")
+    p.add_argument("--problem", help="problem name (default: the one the files name)")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"number of steps (default: the problem's own: {DEFAULT_STEPS_HELP})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a value by its key path, e.g. "
+                        "transforms[1].learning_rate=3e-3; KEY=V1,V2 sweeps the values, and "
+                        "several sweeps form a grid (repeatable)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the first seed: TensorFlow's, and added to the problem's own seed "
+                        "(default 0)")
+    p.add_argument("--seeds", type=int, default=None, metavar="N",
+                   help="run every pipeline with N seeds and report mean and spread "
+                        "(default 1)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--plot", metavar="PNG",
+                   help="one run: loss, learning rate and loss scale; several: their loss "
+                        "curves overlaid")
+    p.add_argument("--output", metavar="DIR",
+                   help="write the resolved pipelines, the table (JSON, CSV), every step's "
+                        "values (CSV) and the plot here; gradpipe run DIR reruns it")
+    p.add_argument("--overwrite", action="store_true",
+                   help="with --output: replace a folder that holds an earlier run")
+    p.add_argument("--logdir", metavar="DIR",
+                   help="write TensorBoard summaries, one run per pipeline (and seed)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="one run: save checkpoints here and resume from the latest one")
+    p.add_argument("--checkpoint-every", type=int, default=100, metavar="N",
+                   help="steps between checkpoints (default 100)")
+    p.add_argument("--placement", metavar="KIND",
+                   help="override [placement] with this placement and its defaults")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=cmd_run)
+
+
+def import_tensorflow_quietly(spec: Any = None) -> None:
+    """Import TensorFlow and initialise its devices with stderr muted.
+
+    TF's C++ start-up lines (oneDNN, CUDA probing) ignore TF_CPP_MIN_LOG_LEVEL
+    and drown the CLI's own output. Set GRADPIPE_TF_LOGS=1 to see them.
+    """
+    if "tensorflow" in sys.modules or os.environ.get("GRADPIPE_TF_LOGS") == "1":
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    fd = sys.stderr.fileno()
+    saved, devnull = os.dup(fd), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    try:
+        import tensorflow as tf
+
+        placement = getattr(getattr(spec, "placement", None), "config", None)
+        count = getattr(placement, "logical_cpus", 0)
+        if count:  # splitting the CPU must precede the runtime start
+            from .distribute import split_cpu
+
+            split_cpu(count)
+        tf.config.list_logical_devices()
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .experiment import format_table, plan_runs, run_all, table_rows
+    from .overrides import parse_override
+    from .run_folder import check_output, draw, read_rerun, summary_document, write_output
+
+    files, labels, steps = list(args.files), None, args.steps
+    first, count = args.seed, args.seeds
+    if len(files) == 1 and Path(files[0]).is_dir():
+        record = read_rerun(files[0])
+        files, labels = record["files"], record["labels"]
+        steps = record["steps"] if steps is None else steps
+        if first is None and count is None:
+            first, count = record["seeds"][0], len(record["seeds"])
+    if count is not None and count < 1:
+        raise GradpipeError(f"--seeds {count}: give at least 1")
+    seeds = list(range(first or 0, (first or 0) + (count or 1)))
+    runs = plan_runs(files, [parse_override(a) for a in args.set], args.problem, labels)
+    if args.placement:
+        runs = [_with_placement(run, args.placement) for run in runs]
+    single = len(runs) == 1 and len(seeds) == 1 and not args.output
+    if args.checkpoint_dir and not single:
+        raise GradpipeError("--checkpoint-dir resumes one run: give one pipeline, one seed, "
+                            "no sweep and no --output")
+    if args.output:
+        check_output(args.output, args.overwrite)
+    import_tensorflow_quietly(runs[0].spec)
+    progress = not (args.quiet or args.json)
+    if single:
+        return _run_one(args, runs[0], steps, seeds[0], progress)
+    outcomes = run_all(runs, steps=steps, seeds=seeds, progress=progress, logdir=args.logdir)
+    rows = table_rows(outcomes)
+    print(json.dumps(summary_document(outcomes, rows), indent=2) if args.json
+          else format_table(rows))
+    if args.plot:
+        draw(outcomes, args.plot)
+    if args.output:
+        write_output(args.output, outcomes, rows, steps=steps, seeds=seeds)
+    return 0
+
+
+def _run_one(args: argparse.Namespace, run: Any, steps: int | None, seed: int,
+             progress: bool) -> int:
+    from .experiment import file_name
+    from .runner import train
+
+    result = train(run.spec, run.problem, steps=steps, seed=seed,
+                   progress=run.label if progress else None,
+                   checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                   logdir=str(Path(args.logdir) / file_name(run.label)) if args.logdir
+                   else None)
+    print(json.dumps(result.summary, indent=2) if args.json
+          else format_summary(result.summary))
+    if args.plot:
+        from .plots import plot_history
+
+        plot_history(result.history, args.plot, title=f"{run.problem.name}: {run.file}")
+    return 0
+
+
+def _with_placement(run: Any, kind: str) -> Any:
+    import attrs
+
+    from .components import component_spec
+
+    placement = component_spec("placement", {"kind": kind})
+    return attrs.evolve(run, spec=attrs.evolve(run.spec, placement=placement))
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    rows = [(key.replace("_", " "), _fmt(value)) for key, value in summary.items()]
+    width = max(len(k) for k, _ in rows)
+    line = "-" * (width + 2 + max(len(v) for _, v in rows))
+    return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

@@ -1,0 +1,145 @@
+"""`gradpipe run` with several pipelines, sweeps and seeds: one table, one folder."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+EXAMPLES = ROOT / "examples"
+
+
+def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gradpipe.cli", "run", *map(str, args)],
+                          capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def test_three_pipelines_two_seeds_one_table_a_folder_and_a_rerun(tmp_path):
+    """Same problem, same seeds for every pipeline; the folder reruns to the same
+    numbers; TensorBoard gets one run per pipeline and seed."""
+    files = [EXAMPLES / "quickstart.toml", EXAMPLES / "openseq2seq.toml",
+             EXAMPLES / "mixed_precision.toml"]
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    first = run(*files, "--problem", "quadratic", "--steps", "40", "--seeds", "2",
+                "--output", out, "--logdir", logs)
+    assert first.returncode == 0, first.stderr
+    lines = first.stdout.splitlines()
+    assert lines[0].split() == ["pipeline", "steps", "converged", "by", "final", "loss",
+                                "±", "std", "distance_to_optimum", "±", "std", "skipped",
+                                "steps/s"]
+    assert [line.lstrip("* ").split()[0]
+            for line in lines[2:5]] == ["quickstart", "openseq2seq", "mixed_precision"]
+    assert sum(line.startswith("*") for line in lines[2:5]) == 1
+    assert lines[-1] == "problem quadratic; mean over 2 seeds; * lowest final loss"
+    for tag in ("[1/6] quickstart seed 0", "[6/6] mixed_precision seed 1", "step/s"):
+        assert tag in first.stderr  # the progress lines say what runs, and how fast
+    assert {p.name for p in out.iterdir()} == {"run.json", "pipelines", "summary.json",
+                                               "summary.csv", "history.csv", "loss.png"}
+    resolved = (out / "pipelines" / "openseq2seq.toml").read_text()
+    assert 'kind = "quadratic"' in resolved and "[lock]" in resolved
+    summary = json.loads((out / "summary.json").read_text())
+    runs = summary["runs"]
+    assert [(r["pipeline"], r["seed"]) for r in runs] == [
+        (name, seed) for name in ("quickstart", "openseq2seq", "mixed_precision")
+        for seed in (0, 1)]
+    # Seeds draw different problems; every pipeline of one seed gets the same one.
+    assert runs[0]["distance_to_optimum"] != runs[1]["distance_to_optimum"]
+    with (out / "history.csv").open() as handle:
+        history = list(csv.DictReader(handle))
+    assert len(history) == 6 * 40
+    assert set(history[0]) == {"pipeline", "seed", "step", "loss", "learning_rate",
+                               "loss_scale"}
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.relative_to(logs).as_posix() for p in logs.glob("*/*")) == [
+        f"{name}/seed_{seed}" for name in ("mixed_precision", "openseq2seq", "quickstart")
+        for seed in (0, 1)]
+    assert all(any(p.iterdir()) for p in logs.glob("*/*"))
+
+    refused = run(out, "--output", out)
+    assert refused.returncode == 1 and "holds an earlier run" in refused.stderr
+    again = run(out, "--output", tmp_path / "again", "--json", "--quiet")
+    assert again.returncode == 0, again.stderr
+    rerun = json.loads(again.stdout)["runs"]
+    keys = ("final_loss", "distance_to_optimum", "skipped_steps", "steps")
+    assert [[r[k] for k in keys] for r in rerun] == [[r[k] for k in keys] for r in runs]
+    assert (tmp_path / "again" / "history.csv").read_text() == (
+        out / "history.csv").read_text()
+    replaced = run(out, "--output", out, "--overwrite", "--quiet")
+    assert replaced.returncode == 0, replaced.stderr
+
+
+def test_a_grid_of_sweeps_is_one_row_per_combination(tmp_path):
+    result = run(EXAMPLES / "quickstart.toml", "--steps", "30", "--quiet", "--json",
+                 "--set", "schedules.lr.learning_rate=0.01,0.1",
+                 "--set", "transforms[0].clip_norm=1.0,5.0", "--plot", tmp_path / "p.png")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)["rows"]
+    assert [r["pipeline"] for r in rows] == [
+        f"quickstart learning_rate={lr} clip_norm={c}"
+        for lr in (0.01, 0.1) for c in (1, 5)]
+    assert sum(r["best"] for r in rows) == 1
+    best = min(rows, key=lambda r: r["final_loss_mean"])
+    assert best["best"] and all(r["seeds"] == 1 for r in rows)
+    assert all(r["overhead_seconds"] >= 0 for r in rows)
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_set_on_one_file_changes_what_trains():
+    plain = run(EXAMPLES / "quickstart.toml", "--steps", "20", "--json", "--quiet")
+    changed = run(EXAMPLES / "quickstart.toml", "--steps", "20", "--json", "--quiet",
+                  "--set", "schedules.lr.learning_rate=0.0")
+    assert plain.returncode == changed.returncode == 0, plain.stderr + changed.stderr
+    assert json.loads(changed.stdout)["distance_to_optimum"] != json.loads(
+        plain.stdout)["distance_to_optimum"]
+    assert json.loads(changed.stdout)["learning_rate"] == 0.0
+
+
+@pytest.mark.parametrize("args, expected", [
+    ([EXAMPLES / "quickstart.toml", EXAMPLES / "tfp_minimize.toml"],
+     "the files name different problems: "),
+    ([EXAMPLES / "quickstart.toml", "--set", "transforms[7].clip_norm=1"],
+     "--set transforms[7].clip_norm=1: transforms[7].clip_norm: "),
+    ([EXAMPLES / "quickstart.toml", "--set", "schedule.lr.learning_rate=1"],
+     "has no schedule (did you mean 'schedules'?)"),
+    ([EXAMPLES / "quickstart.toml", "--set", "transforms[0].clip_nrom=1"],
+     "--set transforms[0].clip_nrom=1: transforms[0].clip_nrom: unknown key (did you "
+     "mean 'clip_norm'?)"),
+    ([EXAMPLES / "quickstart.toml", "--set", "transforms[0].clip_norm=2.0,big"],
+     "--set transforms[0].clip_norm=big: transforms[0].clip_norm: must be a number"),
+    ([EXAMPLES / "quickstart.toml", "--set", "learning_rate"], "expected KEY=VALUE"),
+])
+def test_bad_input_is_refused_before_any_step(tmp_path, args, expected):
+    result = run(*args, "--output", tmp_path / "out")
+    assert result.returncode == 1
+    assert expected in result.stderr, result.stderr
+    assert "step/s" not in result.stderr  # nothing trained
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_digits_reports_test_accuracy():
+    result = run(EXAMPLES / "quickstart.toml", "--problem", "digits", "--steps", "150",
+                 "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["problem"] == "digits"
+    assert 0.8 <= summary["test_accuracy"] <= 1.0  # 150 steps of Adam on real digits
+
+
+def test_digits_without_scikit_learn_is_a_clear_error(tmp_path):
+    """The data set is an optional extra: without it, a one-line install hint."""
+    blocker = tmp_path / "sklearn"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('blocked for the test')\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gradpipe.cli", "run", str(EXAMPLES / "quickstart.toml"),
+         "--problem", "digits", "--steps", "5"], capture_output=True, text=True,
+        timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 1
+    assert ("problem 'digits' needs scikit-learn, which is not installed: "
+            "pip install 'gradpipe[digits]'") in result.stderr
+    assert "Traceback" not in result.stderr
