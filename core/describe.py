@@ -189,7 +189,7 @@ def format_text(info: Mapping[str, Any], width: int | None = None) -> str:
             out += ["", 'float or schedule: a number, "@name" of a [schedules] table, or an '
                     "inline schedule table"]
     out += ["", "example:", textwrap.indent(info["example_toml"].rstrip(), "  ")]
-    return "\n".join(out)
+    return "\n".join(out).replace("``", "`")  # docstrings' reST literals, for a terminal
 
 
 def _default_text(value: Any) -> str:

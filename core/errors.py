@@ -33,12 +33,12 @@ class Problem:
     line: int | None = None
 
     def __str__(self) -> str:
-        where = self.file or "<pipeline>"
+        where = self.file or ("<pipeline>" if self.path else "")
         if self.line is not None:
             where = f"{where}:{self.line}"
-        return f"{where}: {self.path}: {self.message}" if self.path else (
-            f"{where}: {self.message}"
-        )
+        text = f"{self.path}: {self.message}" if self.path else self.message
+        # A problem of no file and no key (the command's, not a table's) is its message.
+        return f"{where}: {text}" if where else text
 
 
 class ConfigError(GradpipeError):
@@ -85,7 +85,11 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """A ``" (did you mean 'x'?)"`` suffix, or ``""`` when nothing is close."""
     import difflib
 
-    close = difflib.get_close_matches(word, sorted(set(choices)), n=5, cutoff=0.6)
+    names = sorted(set(choices))
+    same = [c for c in names if c.lower() == word.lower()]  # 'cosinedecay': 'CosineDecay'
+    if same:
+        return f" (did you mean {same[0]!r}?)"
+    close = difflib.get_close_matches(word, names, n=5, cutoff=0.6)
     # Of the similar names, the fewest edits (a swap of two letters is one): 'adma'
     # is 'adam', though 'adamax' shares more letters with it.
     best = min(close, key=lambda c: _edits(word, c), default=None)

@@ -150,11 +150,13 @@ def metric_name(summary: dict[str, Any]) -> str | None:
 
 def table_rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     """One summary row per pipeline (and sweep combination), over its seeds; the row
-    with the lowest mean final loss is marked best."""
+    with the lowest mean loss over the last 10% of the steps is marked best."""
     rows = []
     for outcome in outcomes:
         runs = outcome.summaries
         metric = metric_name(runs[0])
+        # A mini-batch loss is noisy: the mean of each run's last 10% of steps.
+        tails = [_mean(h["loss"][-max(1, len(h["loss"]) // 10):]) for h in outcome.histories]
         converged = [r["converged_by"] for r in runs if r["converged_by"]]
         row: dict[str, Any] = {
             "pipeline": outcome.run.label,
@@ -162,22 +164,22 @@ def table_rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
             "settings": outcome.run.settings,
             "problem": runs[0]["problem"],
             "seeds": len(runs),
-            "steps": _mean([r["steps"] for r in runs]),
+            "steps": _count([r["steps"] for r in runs]),
             "converged_by": (f"{converged[0]} ({len(converged)}/{len(runs)})"
                              if converged else ""),
-            "final_loss_mean": _mean([r["final_loss"] for r in runs]),
-            "final_loss_std": _std([r["final_loss"] for r in runs]),
+            "loss_mean": _mean(tails),
+            "loss_std": _std(tails),
             "metric": metric or "",
             "metric_mean": _mean([r[metric] for r in runs]) if metric else math.nan,
             "metric_std": _std([r[metric] for r in runs]) if metric else math.nan,
-            "target_reached": sum(bool(r["target_reached"]) for r in runs),
-            "skipped_steps": _mean([r["skipped_steps"] for r in runs]),
+            "runs_reaching_target": sum(bool(r["target_reached"]) for r in runs),
+            "skipped_steps": _count([r["skipped_steps"] for r in runs]),
             "steps_per_second": _mean([r["steps_per_second"] or 0.0 for r in runs]),
             "overhead_seconds": _mean([r["overhead_seconds"] for r in runs]),
         }
         rows.append(row)
-    finite = [r for r in rows if math.isfinite(r["final_loss_mean"])]
-    best = min(finite, key=lambda r: r["final_loss_mean"]) if finite else None
+    finite = [r for r in rows if math.isfinite(r["loss_mean"])]
+    best = min(finite, key=lambda r: r["loss_mean"]) if finite else None
     for row in rows:
         row["best"] = row is best and len(rows) > 1
     return rows
@@ -185,6 +187,12 @@ def table_rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
 
 def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else math.nan
+
+
+def _count(values: Sequence[int]) -> float | int:
+    """The mean of counts: an integer when the seeds agree (steps, skips)."""
+    mean = _mean(values)
+    return int(mean) if mean == int(mean) else mean
 
 
 def _std(values: Sequence[float]) -> float:
@@ -196,10 +204,10 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     seeds = rows[0]["seeds"] if rows else 1
     metric = next((r["metric"] for r in rows if r["metric"]), "")
     spread = " ± std" if seeds > 1 else ""
-    header = ["", "pipeline", "steps", "converged by", f"final loss{spread}",
+    header = ["", "pipeline", "steps", "converged by", f"loss, last 10%{spread}",
               f"{metric}{spread}" if metric else "metric", "skipped", "steps/s"]
     body = [["*" if r["best"] else "", r["pipeline"], f"{r['steps']:g}", r["converged_by"],
-             _plus_minus(r["final_loss_mean"], r["final_loss_std"], seeds),
+             _plus_minus(r["loss_mean"], r["loss_std"], seeds),
              _plus_minus(r["metric_mean"], r["metric_std"], seeds) if r["metric"] else "",
              f"{r['skipped_steps']:g}", f"{r['steps_per_second']:.0f}"]
             for r in rows]
@@ -209,7 +217,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     lines.insert(1, "-" * len(max(lines, key=len)))
     problem = rows[0]["problem"] if rows else "?"
     lines.append(f"problem {problem}; " + (f"mean over {seeds} seeds" if seeds > 1 else
-                 "1 seed (--seeds N for the spread)") + "; * lowest final loss")
+                 "1 seed (--seeds N for the spread)") + "; * lowest loss")
     return "\n".join(lines)
 
 

@@ -29,6 +29,8 @@ def variable_path(var: Any) -> str:
 def path_matches(patterns: tuple[str, ...] | list[str], var: Any) -> bool:
     """Whether any of ``patterns`` (regular expressions, ``re.search``) matches the
     variable's path: what ``exclude_from_weight_decay`` and the like select."""
+    if not patterns:
+        return False  # the path unread: variables packed into one vector have none
     path = variable_path(var)
     return any(re.search(p, path) for p in patterns)
 

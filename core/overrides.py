@@ -89,7 +89,8 @@ def _blame(problem: Problem, combo: Sequence[tuple[Override, Any]]) -> Problem:
     for override, value in combo:
         if problem.path == override.path or problem.path.startswith(
                 (override.path + ".", override.path + "[")):
-            return attrs.evolve(problem, file=f"--set {override.path}={_show(value)}",
+            where = f" ({problem.file})" if problem.file else ""
+            return attrs.evolve(problem, file=f"--set {override.path}={_show(value)}{where}",
                                 line=None)
     return problem
 

@@ -20,6 +20,16 @@ def _pyplot() -> Any:
     return plt
 
 
+def supported_formats() -> set[str]:
+    """The image formats ``--plot`` may name (a GradpipeError without matplotlib)."""
+    plt = _pyplot()
+    figure = plt.figure()
+    try:
+        return set(figure.canvas.get_supported_filetypes())
+    finally:
+        plt.close(figure)
+
+
 def _spans_decades(values: Sequence[float]) -> bool:
     positive = [v for v in values if v > 0 and math.isfinite(v)]
     return bool(positive) and max(positive) / min(positive) > 100

@@ -30,6 +30,7 @@ def add_run_parser(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=None,
                    help=f"number of steps (default: the problem's own: {DEFAULT_STEPS_HELP})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   type=_override,
                    help="override a value by its key path, e.g. "
                         "transforms[1].learning_rate=3e-3; KEY=V1,V2 sweeps the values, and "
                         "several sweeps form a grid (repeatable)")
@@ -89,14 +90,28 @@ def import_tensorflow_quietly(spec: Any = None) -> None:
         os.close(devnull)
 
 
+def _override(text: str) -> Any:
+    """A --set argument, parsed as argparse reads it: a malformed one is a usage error."""
+    from .errors import ConfigError
+    from .overrides import parse_override
+
+    try:
+        return parse_override(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.problems[0].message) from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .experiment import format_table, plan_runs, run_all, table_rows
-    from .overrides import parse_override
-    from .run_folder import check_output, draw, read_rerun, summary_document, write_output
+    from .run_folder import check_outputs, draw, read_rerun, summary_document, write_output
 
     files, labels, steps = list(args.files), None, args.steps
     first, count = args.seed, args.seeds
-    if len(files) == 1 and Path(files[0]).is_dir():
+    folders = [f for f in files if Path(f).is_dir()]
+    if folders and len(files) > 1:
+        raise GradpipeError(f"{folders[0]} is a folder: rerun a folder of an earlier "
+                            "--output alone (gradpipe run DIR), not with other files")
+    if folders:
         record = read_rerun(files[0])
         files, labels = record["files"], record["labels"]
         steps = record["steps"] if steps is None else steps
@@ -105,15 +120,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if count is not None and count < 1:
         raise GradpipeError(f"--seeds {count}: give at least 1")
     seeds = list(range(first or 0, (first or 0) + (count or 1)))
-    runs = plan_runs(files, [parse_override(a) for a in args.set], args.problem, labels)
+    runs = plan_runs(files, args.set, args.problem, labels)
     if args.placement:
         runs = [_with_placement(run, args.placement) for run in runs]
     single = len(runs) == 1 and len(seeds) == 1 and not args.output
     if args.checkpoint_dir and not single:
         raise GradpipeError("--checkpoint-dir resumes one run: give one pipeline, one seed, "
                             "no sweep and no --output")
-    if args.output:
-        check_output(args.output, args.overwrite)
+    check_outputs(args.output, args.overwrite, args.plot, args.logdir)
     import_tensorflow_quietly(runs[0].spec)
     progress = not (args.quiet or args.json)
     if single:

@@ -27,17 +27,56 @@ from .errors import ConfigError, GradpipeError
 from .experiment import Outcome, file_name
 
 RUN_FILE = "run.json"
+#: What write_output puts in the folder (and all --overwrite may replace).
+WRITTEN = frozenset({RUN_FILE, "pipelines", "summary.json", "summary.csv", "history.csv",
+                     "loss.png"})
 
 
-def check_output(directory: str, overwrite: bool) -> None:
-    """Refuse, before anything runs, a folder that holds anything unless ``overwrite``."""
+def check_outputs(output: str | None, overwrite: bool, plot: str | None,
+                  logdir: str | None) -> None:
+    """Everything the run will write, checked before its first step: a mistake here
+    must not surface after minutes of training, with the results lost."""
+    if output:
+        _check_folder(output, overwrite)
+    if plot or output:
+        _check_plot(plot)
+    if logdir and Path(logdir).exists() and not Path(logdir).is_dir():
+        raise GradpipeError(f"--logdir {logdir}: exists and is not a folder")
+
+
+def _check_folder(directory: str, overwrite: bool) -> None:
+    """An empty or new folder; with ``overwrite``, one holding an earlier run and
+    nothing else: a folder of other files is never replaced."""
     path = Path(directory)
     if path.exists() and not path.is_dir():
         raise GradpipeError(f"--output {directory}: exists and is not a folder")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        earlier = " an earlier run" if (path / RUN_FILE).exists() else " files"
-        raise GradpipeError(f"--output {directory}: the folder holds{earlier}; choose "
-                            "another folder, or pass --overwrite to replace it")
+    if not path.is_dir() or not any(path.iterdir()):
+        return
+    if not (path / RUN_FILE).exists():
+        raise GradpipeError(f"--output {directory}: the folder holds files that are not "
+                            "a gradpipe run; choose a new or empty folder")
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in WRITTEN)
+    if foreign:
+        raise GradpipeError(f"--output {directory}: besides an earlier run the folder "
+                            f"holds {', '.join(foreign[:5])}; --overwrite replaces only "
+                            "a folder that holds a run alone")
+    if not overwrite:
+        raise GradpipeError(f"--output {directory}: the folder holds an earlier run; "
+                            "choose another folder, or pass --overwrite to replace it")
+
+
+def _check_plot(plot: str | None) -> None:
+    from .plots import supported_formats
+
+    formats = supported_formats()  # also: matplotlib is installed
+    if plot is None:
+        return
+    path = Path(plot)
+    if not path.parent.is_dir():
+        raise GradpipeError(f"--plot {plot}: no folder {path.parent}")
+    if path.suffix.lstrip(".").lower() not in formats:
+        raise GradpipeError(f"--plot {plot}: not an image file name; use one of "
+                            f".{', .'.join(sorted(formats))}")
 
 
 def read_rerun(directory: str) -> dict[str, Any]:
@@ -61,6 +100,9 @@ def write_output(directory: str, outcomes: Sequence[Outcome], rows: Sequence[dic
     target = Path(directory).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would outlive the rename
     try:
         (staging / "pipelines").mkdir()
         names = [file_name(o.run.label) for o in outcomes]
@@ -81,7 +123,7 @@ def write_output(directory: str, outcomes: Sequence[Outcome], rows: Sequence[dic
             for step, (loss, lr, scale) in enumerate(
                 zip(h["loss"], h["learning_rate"], h["loss_scale"]))])
         draw(outcomes, str(staging / "loss.png"))
-        if target.exists():  # empty, or --overwrite: check_output ran before the run
+        if target.exists():  # empty, or a run alone with --overwrite: checked before
             shutil.rmtree(target)
         os.replace(staging, target)
     except BaseException:

@@ -205,7 +205,9 @@ class _Loop:
             for key, value in zip(history, values):
                 history[key].append(value)
                 if record:
-                    write_scalar(f"run/{key}", value, step=i)
+                    # step n: after the n-th update, as history.csv and the pipeline's
+                    # own summaries count
+                    write_scalar(f"run/{key}", value, step=i + 1)
             if self.criteria is not None and check is not None:
                 if state is None:
                     state = self.criteria.bootstrap(loss, grads, params)

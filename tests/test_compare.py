@@ -29,13 +29,13 @@ def test_three_pipelines_two_seeds_one_table_a_folder_and_a_rerun(tmp_path):
                 "--output", out, "--logdir", logs)
     assert first.returncode == 0, first.stderr
     lines = first.stdout.splitlines()
-    assert lines[0].split() == ["pipeline", "steps", "converged", "by", "final", "loss",
-                                "±", "std", "distance_to_optimum", "±", "std", "skipped",
-                                "steps/s"]
+    assert lines[0].split() == ["pipeline", "steps", "converged", "by", "loss,", "last",
+                                "10%", "±", "std", "distance_to_optimum", "±", "std",
+                                "skipped", "steps/s"]
     assert [line.lstrip("* ").split()[0]
             for line in lines[2:5]] == ["quickstart", "openseq2seq", "mixed_precision"]
     assert sum(line.startswith("*") for line in lines[2:5]) == 1
-    assert lines[-1] == "problem quadratic; mean over 2 seeds; * lowest final loss"
+    assert lines[-1] == "problem quadratic; mean over 2 seeds; * lowest loss"
     for tag in ("[1/6] quickstart seed 0", "[6/6] mixed_precision seed 1", "step/s"):
         assert tag in first.stderr  # the progress lines say what runs, and how fast
     assert {p.name for p in out.iterdir()} == {"run.json", "pipelines", "summary.json",
@@ -83,7 +83,7 @@ def test_a_grid_of_sweeps_is_one_row_per_combination(tmp_path):
         f"quickstart learning_rate={lr} clip_norm={c}"
         for lr in (0.01, 0.1) for c in (1, 5)]
     assert sum(r["best"] for r in rows) == 1
-    best = min(rows, key=lambda r: r["final_loss_mean"])
+    best = min(rows, key=lambda r: r["loss_mean"])
     assert best["best"] and all(r["seeds"] == 1 for r in rows)
     assert all(r["overhead_seconds"] >= 0 for r in rows)
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
@@ -107,15 +107,17 @@ def test_set_on_one_file_changes_what_trains():
     ([EXAMPLES / "quickstart.toml", "--set", "schedule.lr.learning_rate=1"],
      "has no schedule (did you mean 'schedules'?)"),
     ([EXAMPLES / "quickstart.toml", "--set", "transforms[0].clip_nrom=1"],
-     "--set transforms[0].clip_nrom=1: transforms[0].clip_nrom: unknown key (did you "
-     "mean 'clip_norm'?)"),
+     "--set transforms[0].clip_nrom=1 (" + str(EXAMPLES / "quickstart.toml") + "): "
+     "transforms[0].clip_nrom: unknown key (did you mean 'clip_norm'?)"),
     ([EXAMPLES / "quickstart.toml", "--set", "transforms[0].clip_norm=2.0,big"],
-     "--set transforms[0].clip_norm=big: transforms[0].clip_norm: must be a number"),
-    ([EXAMPLES / "quickstart.toml", "--set", "learning_rate"], "expected KEY=VALUE"),
+     "--set transforms[0].clip_norm=big (" + str(EXAMPLES / "quickstart.toml") + "): "
+     "transforms[0].clip_norm: must be a number"),
+    ([EXAMPLES / "quickstart.toml", "--set", "learning_rate"],
+     "argument --set: expected KEY=VALUE"),  # a usage error: exit code 2
 ])
 def test_bad_input_is_refused_before_any_step(tmp_path, args, expected):
     result = run(*args, "--output", tmp_path / "out")
-    assert result.returncode == 1
+    assert result.returncode == (2 if "argument --set" in expected else 1)
     assert expected in result.stderr, result.stderr
     assert "step/s" not in result.stderr  # nothing trained
     assert not (tmp_path / "out").exists()  # nothing written
@@ -143,3 +145,32 @@ def test_digits_without_scikit_learn_is_a_clear_error(tmp_path):
     assert ("problem 'digits' needs scikit-learn, which is not installed: "
             "pip install 'gradpipe[digits]'") in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_outputs_are_checked_before_the_first_step_and_never_replace_other_files(tmp_path):
+    quickstart = EXAMPLES / "quickstart.toml"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("important")
+    (tmp_path / "a_file").write_text("x")
+    cases = [
+        (["--output", mine, "--overwrite"], "holds files that are not a gradpipe run"),
+        (["--plot", tmp_path / "nowhere" / "p.png"], "--plot " + str(tmp_path / "nowhere")),
+        (["--plot", tmp_path / "p.txt"], "not an image file name"),
+        (["--logdir", tmp_path / "a_file"], "exists and is not a folder"),
+    ]
+    for extra, expected in cases:
+        result = run(quickstart, "--steps", "5", *extra)
+        assert result.returncode == 1, (extra, result.stderr)
+        assert expected in result.stderr, (extra, result.stderr)
+        assert "step/s" not in result.stderr and "Traceback" not in result.stderr
+    assert (mine / "thesis.tex").read_text() == "important"
+    out = tmp_path / "out"
+    assert run(quickstart, "--steps", "5", "--output", out, "--quiet").returncode == 0
+    (out / "notes.txt").write_text("mine")
+    result = run(quickstart, "--steps", "5", "--output", out, "--overwrite")
+    assert result.returncode == 1 and "besides an earlier run" in result.stderr
+    assert (out / "notes.txt").exists()
+    mixed = run(out, quickstart)
+    assert mixed.returncode == 1 and "rerun a folder of an earlier --output alone" in \
+        mixed.stderr

@@ -164,7 +164,7 @@ def test_third_party_component_is_described_with_its_provider_and_ranges(fake_di
     assert out.startswith("transform 'jitter': gradpipe-jitter 3.1.4 (a plugin, "
                           "entry point 'jitter')")
     assert "Gaussian noise scaled by the gradient." in out
-    assert "Config of ``jitter``: noise on the gradients." in out
+    assert "Config of `jitter`: noise on the gradients." in out
     assert "More detail" not in out  # the first paragraph only
     scale = row(out, "scale")
     assert scale.startswith("* scale") and "float or schedule" in scale and "(0, 1]" in scale

@@ -240,13 +240,18 @@ def test_random_draws_keep_the_plain_path_unless_xla_is_forced():
 
 
 def test_auto_keeps_the_plain_path_for_sparse_gradients_writers_and_strategies(tmp_path):
-    pipe = gradpipe.build({"transforms": [{"kind": "adam"}]})
+    """Sparse gradients a rule keeps as rows (lazy adam) keep the plain path; a rule
+    that makes them dense anyway gets them dense up front, and compiles."""
+    pipe = gradpipe.build({"transforms": [{"kind": "adam", "lazy": True}]})
     var = tf.Variable(np.ones((16_384, 2), "f4"))
     pipe.build([var])
     dense = [(tf.ones((16_384, 2)), var)]
     sparse = tf.IndexedSlices(tf.ones((1, 2)), tf.constant([1]), tf.constant([16_384, 2]))
     assert pipe.path(dense) == "compiled"
     assert pipe.path([(sparse, var)]) == "plain (sparse gradients keeps the plain path)"
+    densified = gradpipe.build({"transforms": [{"kind": "adam"}]})
+    densified.build([var])
+    assert densified.path([(sparse, var)]) == "compiled"
     with tf.summary.create_file_writer(str(tmp_path)).as_default():
         assert pipe.path(dense) == "plain (a summary writer keeps the plain path)"
     with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():

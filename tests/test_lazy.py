@@ -172,3 +172,19 @@ def test_lazy_under_mirrored_reduces_rows_without_densifying():
         assert_close(copy.numpy(), single.numpy(), rtol=1e-6, atol=1e-7)
         np.testing.assert_array_equal(copy.numpy()[1], after_first.numpy()[1])
         np.testing.assert_array_equal(copy.numpy()[[0, 3, 5, 6]], table_start()[[0, 3, 5, 6]])
+
+
+def test_sparse_gradients_that_a_rule_makes_dense_take_the_fused_path():
+    """The engine traces the chain once to see whether it keeps rows: `adam` without
+    `lazy` makes them dense anyway, so they are made dense up front and the step
+    takes the path a dense gradient takes; a lazy rule keeps the plain path, rows."""
+    grad = sparse([[1.0, 2.0, 3.0]], [2])
+    paths = {}
+    for lazy in (False, True):
+        table = tf.Variable(table_start())
+        pipe = gradpipe.build({"transforms": [{"kind": "adam", "lazy": lazy}]})
+        pipe.build([table])
+        paths[lazy] = pipe.path([(grad, table)])
+        dense_path = pipe.path([(tf.convert_to_tensor(grad), table)])
+    assert paths[False] == dense_path == "in place"  # adam's fused kernel
+    assert paths[True].startswith("plain")

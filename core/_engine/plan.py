@@ -15,6 +15,7 @@ they leave the fused paths (XLA, in-place kernels) open.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -248,6 +249,34 @@ def fusion_blocker(grads: list[Any], replicas: int) -> str:
     if writer_may_record():
         return "a summary writer"
     return ""
+
+
+def chain_keeps_rows(chain: Callable[[list[Any]], tuple[list[Any], dict[int, Any]]],
+                     grads: list[Any], dtypes: list[Any]) -> bool:
+    """Whether the chain, given these sparse gradients, returns rows (an update or a
+    new state as IndexedSlices), or makes them dense anyway: found by tracing it once
+    in a function that is never run."""
+    found: list[bool] = []
+
+    def probe(*given: Any) -> None:
+        updates, new_states = chain(list(given))
+        found.append(any(isinstance(t, tf.IndexedSlices)
+                         for t in tf.nest.flatten([updates, list(new_states.values())])))
+
+    tf.function(probe, autograph=False).get_concrete_function(
+        *[_spec(g, dtype) for g, dtype in zip(grads, dtypes)])
+    return found[0]
+
+
+def _spec(g: Any, dtype: Any) -> Any:
+    """The spec of ``g`` as the chain sees it: unscaled into its compute dtype."""
+    if g is None:
+        return None
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlicesSpec(
+            shape=g.shape, dtype=dtype, indices_dtype=g.indices.dtype,
+            dense_shape_dtype=None if g.dense_shape is None else g.dense_shape.dtype)
+    return tf.TensorSpec(g.shape, dtype)
 
 
 # Random ops, stateful or not (after the prefix): XLA draws other numbers than TF's

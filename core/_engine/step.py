@@ -35,7 +35,7 @@ from ..transform import (
     squared_norm,
 )
 from .accumulation import accumulate_then_update
-from .plan import Plan, fusion_blocker
+from .plan import Plan, chain_keeps_rows, fusion_blocker
 from .proofs import Prove
 from .sequence import VariableSequence
 from .state import Counters, StateStore
@@ -67,6 +67,8 @@ class Step:
         self._guarded = spec.options.check_updates
         # ids of the state a transform kept itself (keep_where_skipped), while tracing
         self.kept_by_transforms: set[int] = set()
+        # sparse gradients' variables -> whether the chain keeps them as rows
+        self._keeps_rows: dict[tuple[int, ...], bool] = {}
         self._takes_finite = loss_scaler is not None and "finite" in \
             inspect.signature(loss_scaler.update).parameters
         # No scaler: the scale is 1, a power of two (the norm is then also summed by the
@@ -99,8 +101,25 @@ class Step:
         grads = self._reduce(grads)  # once, batched
         packing = self.state.packing
         if packing is None:
-            return grads, None
+            return self._dense_unless_kept_sparse(grads), None
         return [packing.pack(grads)], packing.present(grads)
+
+    def _dense_unless_kept_sparse(self, grads: list[Any]) -> list[Any]:
+        """IndexedSlices made dense up front where the chain makes them dense anyway,
+        so the step may take the fused paths (not under a strategy, whose replicas
+        take the plain path anyway, and where all-reducing rows beats the table)."""
+        sparse = tuple(i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices))
+        if not sparse or tf.distribute.has_strategy() or self._replicas > 1:
+            return grads
+        if sparse not in self._keeps_rows:
+            def chain(given: list[Any]) -> tuple[list[Any], dict[int, Any]]:
+                with build_scope(self.context):
+                    return self._run_chain(given, skip=self._pre_reduce)[:2]
+            self._keeps_rows[sparse] = chain_keeps_rows(chain, grads,
+                                                        self.state.compute_dtypes)
+            self.context.shared.clear()
+        return grads if self._keeps_rows[sparse] else [
+            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
 
     def path(self, pairs: list[tuple[Any, Any]]) -> str:
         """The path a step with these gradients takes now, and why."""
