@@ -48,7 +48,8 @@ def add_run_parser(sub: Any) -> None:
                    help="write the resolved pipelines, the table (JSON, CSV), every step's "
                         "values (CSV) and the plot here; gradpipe run DIR reruns it")
     p.add_argument("--overwrite", action="store_true",
-                   help="with --output: replace a folder that holds an earlier run")
+                   help="with --output: replace a folder that holds an earlier run "
+                        "and nothing else")
     p.add_argument("--logdir", metavar="DIR",
                    help="write TensorBoard summaries, one run per pipeline (and seed)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
