@@ -4,8 +4,10 @@
                                     [--rules adam,sgd,...] [--quick]
 
 A table of N x D float32 (default 400,000 x 64) whose gradient touches K = 512
-random rows per step (an `IndexedSlices`, as `tf.gather` gives). Per rule,
-interleaved in one run, medians in milliseconds of the step in `tf.function`:
+random rows per step (an `IndexedSlices`, as `tf.gather` gives). Per rule, in
+one run, medians in milliseconds of the step in `tf.function`, each step
+repeated on its own (interleaved, a dense step's sweep of the table through
+the caches slows whichever small step follows it):
 
   dense   gradpipe, the gradient made dense first (what Keras 3 does inside);
   sparse  gradpipe, the IndexedSlices as they come: rules whose maths allows it
@@ -99,7 +101,11 @@ def main() -> None:
             cases["lazy"] = gradpipe_step({**table_, "lazy": True}, fresh(), grad, False)
         if keras_rule is not None:
             cases["keras"] = keras_step(*keras_rule, fresh(), grad)
-        ms = {k: v * 1000 for k, v in medians(interleaved_samples(cases, args.repeats)).items()}
+        # Each step timed on its own, repeated: interleaved, a step that sweeps the
+        # whole table through the caches (a dense one) would slow whichever small
+        # step came next, and which one that is would decide the ratios.
+        ms = {name: 1000 * medians(interleaved_samples({name: step}, args.repeats))[name]
+              for name, step in cases.items()}
         times[rule] = ms
         best = ms.get("lazy", ms["sparse"])
         rows.append((rule, *(f"{ms[k]:.2f}" if k in ms else "-"

@@ -188,3 +188,18 @@ def test_sparse_gradients_that_a_rule_makes_dense_take_the_fused_path():
         dense_path = pipe.path([(tf.convert_to_tensor(grad), table)])
     assert paths[False] == dense_path == "in place"  # adam's fused kernel
     assert paths[True].startswith("plain")
+
+
+def test_ftrl_stays_dense_because_its_maths_moves_rows_no_gradient_touches():
+    """Why `ftrl` is not updated row by row: with l2 shrinkage (and at its first step,
+    which sets every row to its closed form) a row with a zero gradient moves, so a
+    sparse gradient must step as its dense sum does, untouched rows included."""
+    table = {"kind": "ftrl", "learning_rate": 0.1, "l2_shrinkage_regularization_strength": 0.1}
+    grad = sparse([[0.5, -0.5, 1.0]], [1])
+    sparse_var, dense_var = tf.Variable(table_start()), tf.Variable(table_start())
+    for var, g in ((sparse_var, grad), (dense_var, tf.convert_to_tensor(grad))):
+        pipe = gradpipe.build({"transforms": [table]})
+        for _ in range(2):
+            pipe.apply_gradients([(g, var)])
+    assert not np.allclose(sparse_var.numpy()[3], table_start()[3])  # untouched, moved
+    np.testing.assert_array_equal(sparse_var.numpy(), dense_var.numpy())

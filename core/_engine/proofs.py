@@ -15,9 +15,8 @@ every earlier transform's outputs are proved or checked in turn.
 * ``sgd`` at a constant rate and momentum < 1: ``|m| <= lr * max|g| / (1 - mu)``,
   and a finite sum of squares bounds ``max|g|`` by 2**64, so every value stays
   below the float32 maximum while ``lr * 2**64 / (1 - mu) * (1 + mu)`` does.
-  Sparse rows without momentum step by ``lr * g`` each: at ``lr <= 1`` that
-  cannot overflow for a finite ``g``. Other sparse inputs are checked: their
-  rows cost less to check than a bound, which would need their duplicates summed.
+  Sparse inputs are checked instead: their rows cost less to check than a bound,
+  which would need their duplicate rows summed first.
 * ``adam`` with ``epsilon > 0``: ``|m|`` stays below ``max|g|``, so the step
   ``alpha * |m| / (sqrt(v) + epsilon)`` stays below ``alpha * 2**64 / epsilon``:
   finite while that is below the float32 maximum. At a constant rate and
@@ -131,14 +130,8 @@ def _rows(inputs: list[Any]) -> bool:
 
 
 def _sgd_proof(config: Any) -> Prove:
-    # Without momentum, sparse rows step by lr * g row by row (no sum of duplicates):
-    # at lr <= 1 no product of a finite (checked) gradient overflows.
-    rows_proved = config.momentum == 0 and config.learning_rate <= 1
-
     def prove(inputs: list[Any], read_state: Callable[[], Any]) -> list[Any] | None:
-        if _rows(inputs):
-            return [] if rows_proved else None
-        return [squared_norm(inputs)]
+        return None if _rows(inputs) else [squared_norm(inputs)]
 
     return prove
 
