@@ -79,23 +79,6 @@ def seeded_problem(problem_spec: ComponentSpec, seed: int) -> ComponentSpec:
     return attrs.evolve(problem_spec, config=attrs.evolve(config, seed=config.seed + seed))
 
 
-def run_problem(spec: PipelineSpec, *, problem: str | None = None,
-                steps: int | None = None, seed: int = 0, progress: bool = True,
-                plot: str | None = None, checkpoint_dir: str | None = None,
-                checkpoint_every: int = 100) -> dict[str, Any]:
-    """Train the problem with the pipeline until convergence or ``steps``; summarize."""
-    problem_spec = problem_spec_of(spec, problem)
-    result = train(spec, problem_spec, steps=steps, seed=seed,
-                   progress=problem_spec.name if progress else None,
-                   checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
-    if plot:
-        from .plots import plot_history
-
-        plot_history(result.history, plot,
-                     title=f"{problem_spec.name}: {spec.source or 'pipeline'}")
-    return result.summary
-
-
 def train(spec: PipelineSpec, problem_spec: ComponentSpec, *, steps: int | None = None,
           seed: int = 0, progress: str | None = None, checkpoint_dir: str | None = None,
           checkpoint_every: int = 100, logdir: str | None = None) -> RunResult:
