@@ -104,17 +104,17 @@ def _assign(data: dict[str, Any], override: Override, value: Any, file: str) -> 
         walked = _join(walked, step)
     last = steps[-1]
     if isinstance(last, int) or not isinstance(node, dict):
-        raise _missing(override, f"{override.path} is not a key of a table", file)
+        raise _missing(override, f"{override.path} is not a key of a table")
     node[last] = value
 
 
 def _enter(node: Any, step: str | int, walked: str, override: Override, file: str) -> Any:
     if isinstance(step, int):
         if not isinstance(node, list):
-            raise _missing(override, f"{walked} is not a list", file)
+            raise _missing(override, f"{walked} is not a list")
         if step >= len(node):
             raise _missing(override, f"{file} has {len(node)} {walked} "
-                           f"({walked}[0] to {walked}[{len(node) - 1}])", file)
+                           f"({walked}[0] to {walked}[{len(node) - 1}])")
         return node[step]
     if not isinstance(node, dict) or step not in node:
         keys = list(node) if isinstance(node, dict) else []
@@ -127,10 +127,10 @@ def _raise_unknown(override: Override, path: str, step: str, keys: list[str],
                    file: str) -> Any:
     have = ", ".join(str(k) for k in keys) or "nothing"
     raise _missing(override, f"{file} has no {path}{did_you_mean(step, keys)}; "
-                   f"there it has {have}", file)
+                   f"there it has {have}")
 
 
-def _missing(override: Override, message: str, file: str) -> ConfigError:
+def _missing(override: Override, message: str) -> ConfigError:
     return ConfigError([Problem(path=override.path, message=message,
                                 file=f"--set {override.argument}")])
 

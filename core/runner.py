@@ -28,16 +28,23 @@ def problem_spec_of(spec: PipelineSpec, name: str | None) -> ComponentSpec:
     return component_spec("problem", {"kind": name})
 
 
-def check_builds(spec: PipelineSpec, problem_spec: ComponentSpec) -> None:
-    """Build the pipeline for the problem's variables and throw both away: what only
-    the variables can tell (a ``freeze`` or ``exclude`` pattern that matches none)
-    fails now, not after the runs before it."""
+def built_on(spec: PipelineSpec, problem_spec: ComponentSpec) -> tuple[Any, Any]:
+    """A new pipeline, built for a new instance of the problem's variables (made in
+    the pipeline's strategy scope: mirrored like its state); ``(pipeline, task)``."""
     from ._engine.pipeline import Pipeline
 
     pipe = Pipeline(spec)
     with pipe.strategy.scope():
-        variables = list(build_component(problem_spec).variables)
-    pipe.build(variables)
+        task = build_component(problem_spec)
+    pipe.build(list(task.variables))
+    return pipe, task
+
+
+def check_builds(spec: PipelineSpec, problem_spec: ComponentSpec) -> None:
+    """Build the pipeline for the problem's variables and throw both away: what only
+    the variables can tell (a ``freeze`` or ``exclude`` pattern that matches none)
+    fails now, not after the runs before it."""
+    built_on(spec, problem_spec)
 
 
 def plan_problem(spec: PipelineSpec, *, problem: str | None = None,
@@ -48,14 +55,15 @@ def plan_problem(spec: PipelineSpec, *, problem: str | None = None,
 
     from ._engine.pipeline import Pipeline
 
-    pipe = Pipeline(spec)
-    with pipe.strategy.scope():
-        if shapes is None:
-            variables = list(build_component(problem_spec_of(spec, problem)).variables)
-        else:
+    if shapes is None:
+        pipe, task = built_on(spec, problem_spec_of(spec, problem))
+        variables = list(task.variables)
+    else:
+        pipe = Pipeline(spec)
+        with pipe.strategy.scope():
             variables = [tf.Variable(tf.zeros(s), name=f"variable_{i}")
                          for i, s in enumerate(shapes)]
-    pipe.build(variables)
+        pipe.build(variables)
     sizes = [v.shape.num_elements() for v in variables]
     count = f"{len(variables)} variable{'' if len(variables) == 1 else 's'}"
     return (f"plan for {count}, {sum(s or 0 for s in sizes):,} "
@@ -89,17 +97,11 @@ def train(spec: PipelineSpec, problem_spec: ComponentSpec, *, steps: int | None 
 
     import tensorflow as tf
 
-    from ._engine.pipeline import Pipeline
-
     begun = time.perf_counter()
     problem_spec = seeded_problem(problem_spec, seed)
     tf.random.set_seed(seed)
-    pipe = Pipeline(spec)
-    strategy = pipe.strategy
-    with strategy.scope():  # the problem's variables are mirrored like the state
-        task = build_component(problem_spec)
+    pipe, task = built_on(spec, problem_spec)
     variables = list(task.variables)
-    pipe.build(variables)
     writer = tf.summary.create_file_writer(logdir) if logdir else None
     with writer.as_default() if writer else contextlib.nullcontext():
         loop = _Loop(pipe, task, variables, checkpoint_dir, checkpoint_every)

@@ -86,7 +86,7 @@ def write_update_summaries(step: Any, grads: list[Any], updates: list[Any]) -> N
             u = tf.norm(tf.cast(slice_values(update), tf.float32))
             w = tf.norm(tf.cast(tf.convert_to_tensor(var), tf.float32))
             write_scalar(f"update_ratios/{variable_path(var)}", tf.math.divide_no_nan(u, w),
-                    step=at)
+                         step=at)
 
 
 def write_step_summaries(step: Any) -> None:
