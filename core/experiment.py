@@ -103,6 +103,7 @@ class Outcome:
     seeds: tuple[int, ...]
     summaries: tuple[dict[str, Any], ...]
     histories: tuple[dict[str, list[float]], ...]
+    metric: str | None  # the problem's headline metric (the runner's choice)
 
 
 def run_all(runs: Sequence[PlannedRun], *, steps: int | None, seeds: Sequence[int],
@@ -115,7 +116,7 @@ def run_all(runs: Sequence[PlannedRun], *, steps: int | None, seeds: Sequence[in
     outcomes = []
     total = len(runs) * len(seeds)
     for number, run in enumerate(runs):
-        summaries, histories = [], []
+        summaries, histories, metric = [], [], None
         for s, seed in enumerate(seeds):
             index = number * len(seeds) + s + 1
             tag = run.label + (f" seed {seed}" if len(seeds) > 1 else "")
@@ -128,8 +129,9 @@ def run_all(runs: Sequence[PlannedRun], *, steps: int | None, seeds: Sequence[in
                            logdir=where)
             summaries.append(result.summary)
             histories.append(result.history)
+            metric = result.metric
         outcomes.append(Outcome(run=run, seeds=tuple(seeds), summaries=tuple(summaries),
-                                histories=tuple(histories)))
+                                histories=tuple(histories), metric=metric))
     return outcomes
 
 
@@ -138,23 +140,13 @@ def file_name(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in text).strip("_")
 
 
-def metric_name(summary: dict[str, Any]) -> str | None:
-    """The problem's headline metric: the first it reports (``test_accuracy`` for
-    ``digits``, ``distance_to_optimum`` for ``quadratic``)."""
-    known = ("problem", "placement", "replicas", "steps", "resumed_from_step",
-             "applied_updates", "skipped_steps", "converged", "converged_by", "final_loss",
-             "target_reached", "target_loss", "first_step_at_target", "learning_rate",
-             "loss_scale", "wall_seconds", "steps_per_second", "overhead_seconds")
-    return next((k for k in summary if k not in known and not k.startswith("target")), None)
-
-
 def table_rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     """One summary row per pipeline (and sweep combination), over its seeds; the row
     with the lowest mean loss over the last 10% of the steps is marked best."""
     rows = []
     for outcome in outcomes:
         runs = outcome.summaries
-        metric = metric_name(runs[0])
+        metric = outcome.metric
         # A mini-batch loss is noisy: the mean of each run's last 10% of steps.
         tails = [_mean(h["loss"][-max(1, len(h["loss"]) // 10):]) for h in outcome.histories]
         converged = [r["converged_by"] for r in runs if r["converged_by"]]

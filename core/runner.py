@@ -76,6 +76,9 @@ class RunResult:
 
     summary: dict[str, Any]
     history: dict[str, list[float]]
+    #: the problem's headline metric: the first it reports that is not a target
+    #: (``test_accuracy`` for ``digits``); ``None`` if it reports none
+    metric: str | None = None
 
 
 def seeded_problem(problem_spec: ComponentSpec, seed: int) -> ComponentSpec:
@@ -109,13 +112,14 @@ def train(spec: PipelineSpec, problem_spec: ComponentSpec, *, steps: int | None 
         history, wall, step_seconds = loop.run(total, progress, record=writer is not None)
     if writer is not None:
         writer.close()
-    summary = _summarize(pipe, task, problem_spec, loop, history, wall)
+    summary, metrics = _summarize(pipe, task, problem_spec, loop, history, wall)
     # The command's own cost: everything but the steps, counted at their median time
     # (the first step's tracing and compiling is overhead too).
     median = sorted(step_seconds)[len(step_seconds) // 2] if step_seconds else 0.0
     summary["overhead_seconds"] = round(
         time.perf_counter() - begun - median * len(step_seconds), 3)
-    return RunResult(summary=summary, history=history)
+    headline = next((k for k in metrics if not k.startswith("target")), None)
+    return RunResult(summary=summary, history=history, metric=headline)
 
 
 class _Loop:
@@ -210,7 +214,7 @@ class _Loop:
 
 
 def _summarize(pipe: Any, task: Any, problem_spec: ComponentSpec, loop: _Loop,
-               history: dict[str, list[float]], wall: float) -> dict[str, Any]:
+               history: dict[str, list[float]], wall: float) -> tuple[dict[str, Any], list[str]]:
     import tensorflow as tf
 
     done, resumed_from = loop.done, loop.resumed_from
@@ -234,14 +238,14 @@ def _summarize(pipe: Any, task: Any, problem_spec: ComponentSpec, loop: _Loop,
         summary["target_loss"] = float(task.target_loss)
         hits = [i + 1 for i, v in enumerate(history["loss"]) if v <= task.target_loss]
         summary["first_step_at_target"] = hits[0] if hits else None
-    if hasattr(task, "metrics"):
-        summary.update(task.metrics())
+    metrics = task.metrics() if hasattr(task, "metrics") else {}
+    summary.update(metrics)
     summary.update({
         "learning_rate": history["learning_rate"][-1] if history["loss"] else math.nan,
         "loss_scale": float(pipe.loss_scale),
         "wall_seconds": round(wall, 3),
         "steps_per_second": round((done - resumed_from) / wall, 1) if wall > 0 else None,
     })
-    return summary
+    return summary, list(metrics)
 
 
