@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .transform import dedupe
+from .transform import dedupe, in_xla_function
 
 
 def is_sparse(g: Any) -> bool:
@@ -106,7 +106,11 @@ def all_finite(tensors: Sequence[Any]) -> Any:
 
     # sum(x * 0) is 0 for finite x and NaN for an Inf or a NaN: one pass to a scalar,
     # 4x cheaper than reduce_all(is_finite(x)) on an embedding step's rows (measured).
-    checks = [t if t.dtype == tf.bool else tf.math.is_finite(tf.reduce_sum(t * 0))
+    # Not in XLA, which folds (y * c) * 0 into y * 0: 0 where y * c overflowed.
+    xla = in_xla_function()
+    checks = [t if t.dtype == tf.bool else tf.math.is_finite(t) if t.shape.rank == 0
+              else tf.reduce_all(tf.math.is_finite(t)) if xla
+              else tf.math.is_finite(tf.reduce_sum(t * 0))
               for t in (slice_values(t) for t in tensors if t is not None)]
     if len(checks) == 1 and checks[0].shape.rank == 0:  # no stack, no second reduce
         return checks[0]

@@ -224,10 +224,10 @@ def sum_of_squares(tensors: Sequence[Any], *, nan_unless_finite: bool = False) -
     ``_folded_sum_of_squares``; there a tensor computed in the same function is
     materialised first, as XLA's own reduction would materialise it.
 
-    ``nan_unless_finite`` (inside XLA only, see ``in_xla_function``): each square
-    is ``x*x + x*0``, so the sum is NaN exactly where an element is not finite,
-    and otherwise the same (``inf`` only where it overflows): a finite check in
-    the same loop, with no conditional.
+    ``nan_unless_finite`` (inside XLA only, see ``in_xla_function``): a square is
+    NaN where its element is not finite, so the sum is NaN exactly where an element
+    is not finite, and otherwise the same (``inf`` only where it overflows): a
+    finite check in the same loop, with no conditional.
     """
     import tensorflow as tf
 
@@ -237,7 +237,11 @@ def sum_of_squares(tensors: Sequence[Any], *, nan_unless_finite: bool = False) -
 
     def squares(x: Any) -> Any:  # cast slice by slice: a cast whole would be materialised
         x = tf.cast(x, tf.float32)
-        return tf.square(x) + x * 0.0 if nan_unless_finite else tf.square(x)
+        if not nan_unless_finite:
+            return tf.square(x)
+        # not ``x*x + x*0``: XLA folds ``(y * c) * 0`` into ``y * 0``, which is 0 for a
+        # finite ``y`` whose product with ``c`` overflows, so that sum missed an inf
+        return tf.where(tf.math.is_finite(x), tf.square(x), float("nan"))
 
     if in_xla_function():
         if not accelerator_visible():

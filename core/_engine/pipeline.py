@@ -24,6 +24,7 @@ from ..names import scope_name, variable_path
 from ..registry import Registry, get_registry
 from ..spec import ComponentSpec, PipelineSpec
 from ..transform import BuildContext, build_scope, hyper
+from .guard import why_unbounded
 from .layout import LayoutState
 from .learning_rate import LearningRate
 from .packed import elementwise_mismatch
@@ -235,7 +236,8 @@ class Pipeline(tf.Module):
             replicas=replicas, clip_per_replica=bool(
                 getattr(self.placement, "clip_before_reduce", False)),
             elementwise_probe=lambda i: elementwise_mismatch(self._transforms[i],
-                                                             self._context))
+                                                             self._context),
+            why_unbounded=lambda i: why_unbounded(self._transforms[i], self._context))
         self._state.build(variables, transforms=self._transforms, strategy=self.strategy,
                           masks=masks, frozen=frozen, pack=plan.pack.on)
         step = Step(spec=self._spec, transforms=self._transforms, kernel=self._kernel,

@@ -66,6 +66,8 @@ class Plan:
         sequence: compiled on a CPU, large variables are updated one after another.
         clip_before_reduce: transforms run on each replica's gradients.
         checks: for each transform, how its outputs are known to be finite.
+        bounded: the transforms whose outputs are known finite from the bounds of
+            their maths (``gradpipe._engine.bounds``), not from a check.
     """
 
     compile: Choice
@@ -74,6 +76,7 @@ class Plan:
     sequence: Choice
     clip_before_reduce: tuple[int, ...]
     checks: tuple[str, ...]
+    bounded: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         rows = [("XLA", str(self.compile)), ("packed state", str(self.pack)),
@@ -97,9 +100,11 @@ def clip_before_reduce(spec: PipelineSpec, requested: bool) -> tuple[int, ...]:
     return tuple(leading)
 
 
-def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...]
-            ) -> tuple[str, ...]:
-    out = []
+def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...],
+            why_unbounded: Callable[[int], str] | None
+            ) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """How each transform's outputs are known finite, and which are bounded."""
+    out, bounded = [], []
     for i, (t, proof) in enumerate(zip(spec.transforms, proved)):
         where = f"{t.name} at {t.path}: "
         if i in pre_reduce:
@@ -108,9 +113,14 @@ def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...]
             out.append(where + "not checked (check_updates = false)")
         elif proof:
             out.append(where + "proved from its input's norm (gradpipe knows its maths)")
+        elif why_unbounded is not None and not (why := why_unbounded(i)):
+            bounded.append(i)
+            out.append(where + "bounded: its traced maths, from the norms of its input "
+                               "and state (checked where a bound fails)")
         else:
-            out.append(where + "checked: one sum over its updates and new state")
-    return tuple(out)
+            reason = f" ({why})" if why_unbounded is not None else ""
+            out.append(where + f"checked: one sum over its updates and new state{reason}")
+    return tuple(out), tuple(bounded)
 
 
 def xla_pays(sizes: list[int | None], in_place: bool) -> tuple[bool, str]:
@@ -133,7 +143,8 @@ def xla_pays(sizes: list[int | None], in_place: bool) -> tuple[bool, str]:
 def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool]],
               frozen: list[bool], proved: list[bool], has_kernel: bool,
               replicas: int, clip_per_replica: bool,
-              elementwise_probe: Any = None) -> Plan:
+              elementwise_probe: Any = None,
+              why_unbounded: Callable[[int], str] | None = None) -> Plan:
     """Decide how the step runs (XLA is decided for good by ``compiled_or_why_not``).
 
     ``proved``: per transform, whether its outputs are proved finite;
@@ -163,10 +174,10 @@ def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool
         compile_ = attrs.evolve(compile_, reason=f'"auto": {compile_.reason}')
     else:
         compile_ = Choice(bool(mode), f"jit_compile = {'true' if mode else 'false'}")
+    checks, bounded = _checks(spec, proved, pre_reduce, why_unbounded)
     return Plan(compile=compile_, pack=pack, in_place=in_place,
                 sequence=_sequence(compile_.on, pack.on),
-                clip_before_reduce=pre_reduce,
-                checks=_checks(spec, proved, pre_reduce))
+                clip_before_reduce=pre_reduce, checks=checks, bounded=bounded)
 
 
 def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],
@@ -249,34 +260,6 @@ def fusion_blocker(grads: list[Any], replicas: int) -> str:
     if writer_may_record():
         return "a summary writer"
     return ""
-
-
-def chain_keeps_rows(chain: Callable[[list[Any]], tuple[list[Any], dict[int, Any]]],
-                     grads: list[Any], dtypes: list[Any]) -> bool:
-    """Whether the chain, given these sparse gradients, returns rows (an update or a
-    new state as IndexedSlices), or makes them dense anyway: found by tracing it once
-    in a function that is never run."""
-    found: list[bool] = []
-
-    def probe(*given: Any) -> None:
-        updates, new_states = chain(list(given))
-        found.append(any(isinstance(t, tf.IndexedSlices)
-                         for t in tf.nest.flatten([updates, list(new_states.values())])))
-
-    tf.function(probe, autograph=False).get_concrete_function(
-        *[_spec(g, dtype) for g, dtype in zip(grads, dtypes)])
-    return found[0]
-
-
-def _spec(g: Any, dtype: Any) -> Any:
-    """The spec of ``g`` as the chain sees it: unscaled into its compute dtype."""
-    if g is None:
-        return None
-    if isinstance(g, tf.IndexedSlices):
-        return tf.IndexedSlicesSpec(
-            shape=g.shape, dtype=dtype, indices_dtype=g.indices.dtype,
-            dense_shape_dtype=None if g.dense_shape is None else g.dense_shape.dtype)
-    return tf.TensorSpec(g.shape, dtype)
 
 
 # Random ops, stateful or not (after the prefix): XLA draws other numbers than TF's

@@ -38,7 +38,8 @@ from typing import Any
 from ..entry_points import BUILTIN_DIST
 from ..fields import is_constant
 from ..spec import ComponentSpec
-from ..transform import hyper, squared_norm
+from ..transform import hyper
+from .bounds import squared_bound
 
 #: sqrt of the float32 maximum: an input with a finite sum of squares has no larger element.
 LARGEST_ELEMENT = 2.0**64
@@ -131,7 +132,7 @@ def _rows(inputs: list[Any]) -> bool:
 
 def _sgd_proof(config: Any) -> Prove:
     def prove(inputs: list[Any], read_state: Callable[[], Any]) -> list[Any] | None:
-        return None if _rows(inputs) else [squared_norm(inputs)]
+        return None if _rows(inputs) else [squared_bound(inputs)]
 
     return prove
 
@@ -147,7 +148,7 @@ def _adam_proof(config: Any) -> Prove:
     def prove(inputs: list[Any], read_state: Callable[[], Any]) -> list[Any] | None:
         if _rows(inputs) or any(g is not None and g.dtype.size < 4 for g in inputs):
             return None  # the bounds hold for float32 and float64
-        required = [squared_norm(inputs)]
+        required = [squared_bound(inputs)]
         b1, b2 = beta_1(), beta_2()
         if not bound_always_holds:
             step = tf.cast(read_state().count + 1, tf.float32)

@@ -6,12 +6,12 @@ checks finiteness in the same pass that yields the global norm, updates the
 loss scale, and runs the chain and the assignments under one guard, so a
 skipped step changes nothing (the user guide's "What one step does").
 
-The guard knows every transform's outputs finite before the first write: each
-is proved (gradpipe's own maths, :mod:`gradpipe._engine.proofs`) or checked
-(one sum over its updates and new state). Compiled, the step has no
-conditional: the chain runs, the engine keeps each transform's state where the
-step is skipped and drops the updates there, so XLA fuses computation and
-assignment and copies nothing. benchmarks/HISTORY.md measures each path.
+The guard (:mod:`gradpipe._engine.guard`) knows every transform's outputs
+finite before the first write: proved, bounded or checked. Compiled, the step
+has no conditional but the rare recheck where a bound fails: the chain runs,
+the engine keeps each transform's state where the step is skipped and drops
+the updates there, so XLA fuses computation and assignment and copies
+nothing. benchmarks/HISTORY.md measures each path.
 """
 
 from __future__ import annotations
@@ -35,18 +35,19 @@ from ..transform import (
     squared_norm,
 )
 from .accumulation import accumulate_then_update
-from .plan import Plan, chain_keeps_rows, fusion_blocker
+from .guard import Guard
+from .plan import Plan, fusion_blocker
 from .proofs import Prove
+from .rows import SparseInputs
 from .sequence import VariableSequence
 from .state import Counters, StateStore
 from .step_ops import (
     finite_and_record_norm,
-    finite_outputs,
     real_branch_marker,
     unscale,
 )
 from .summaries import write_step_summaries, write_update_summaries
-from .writes import assign, subtract_packed
+from .writes import assign, kept_where_skipped, subtract_packed
 
 
 class Step:
@@ -58,7 +59,8 @@ class Step:
                  context: BuildContext, replicas: int, reduce: Callable[[list[Any]], Any],
                  pipeline: Any, scheduled: list[tuple[str, Any]]) -> None:
         self.spec, self.state, self.plan, self.counters = spec, state, plan, counters
-        self.transforms, self.kernel, self.proofs = transforms, kernel, proofs
+        self.transforms, self.kernel = transforms, kernel
+        self.guard = Guard(proofs, plan.bounded, context)
         self.loss_scaler, self.context = loss_scaler, context
         # the public facade, for the values summaries report (rate, scale, counters)
         self.pipeline, self.scheduled = pipeline, scheduled
@@ -67,8 +69,7 @@ class Step:
         self._guarded = spec.options.check_updates
         # ids of the state a transform kept itself (keep_where_skipped), while tracing
         self.kept_by_transforms: set[int] = set()
-        # sparse gradients' variables -> whether the chain keeps them as rows
-        self._keeps_rows: dict[tuple[int, ...], bool] = {}
+        self._sparse = SparseInputs(self._chain_once, state.compute_dtypes, replicas)
         self._takes_finite = loss_scaler is not None and "finite" in \
             inspect.signature(loss_scaler.update).parameters
         # No scaler: the scale is 1, a power of two (the norm is then also summed by the
@@ -101,25 +102,16 @@ class Step:
         grads = self._reduce(grads)  # once, batched
         packing = self.state.packing
         if packing is None:
-            return self._dense_unless_kept_sparse(grads), None
+            return self._sparse(grads), None
         return [packing.pack(grads)], packing.present(grads)
 
-    def _dense_unless_kept_sparse(self, grads: list[Any]) -> list[Any]:
-        """IndexedSlices made dense up front where the chain makes them dense anyway,
-        so the step may take the fused paths (not under a strategy, whose replicas
-        take the plain path anyway, and where all-reducing rows beats the table)."""
-        sparse = tuple(i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices))
-        if not sparse or tf.distribute.has_strategy() or self._replicas > 1:
-            return grads
-        if sparse not in self._keeps_rows:
-            def chain(given: list[Any]) -> tuple[list[Any], dict[int, Any]]:
-                with build_scope(self.context):
-                    return self._run_chain(given, skip=self._pre_reduce)[:2]
-            self._keeps_rows[sparse] = chain_keeps_rows(chain, grads,
-                                                        self.state.compute_dtypes)
+    def _chain_once(self, given: list[Any]) -> tuple[list[Any], dict[int, Any]]:
+        """The chain's updates and new states, traced on its own (``SparseInputs``)."""
+        try:
+            with build_scope(self.context):
+                return self._run_chain(given, skip=self._pre_reduce)[:2]
+        finally:
             self.context.shared.clear()
-        return grads if self._keeps_rows[sparse] else [
-            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
 
     def path(self, pairs: list[tuple[Any, Any]]) -> str:
         """The path a step with these gradients takes now, and why."""
@@ -199,12 +191,15 @@ class Step:
 
     def _run_chain(self, grads: list[Any], only: set[int] | None = None,
                    skip: set[int] | None = None, applies: tf.Tensor | None = None,
-                   guard: bool = False) -> tuple[list[Any], dict[int, Any], list[Any]]:
+                   guard: bool = False, bounds: bool = True
+                   ) -> tuple[list[Any], dict[int, Any], list[Any]]:
         """Run the transforms in file order: the updates, the new states of those that
         ran (by index; kept where ``applies`` is false) and, with ``guard``, the
-        scalars under which every output is finite. Others' state is not read: a read
-        is a stateful op, which TF never prunes, so each would cost every step."""
+        scalars under which every output is finite (``Guard``; ``bounds``: bounded
+        where the plan says so). Others' state is not read: a read is a stateful op,
+        which TF never prunes, so each would cost every step."""
         store, variables = self.state, self.state.variables
+        self.guard.used_bounds = False
         updates, new_states, required = list(grads), {}, []
         for i, (spec, transform) in enumerate(zip(self.spec.transforms, self.transforms)):
             if (only is not None and i not in only) or (skip and i in skip):
@@ -225,31 +220,24 @@ class Step:
                         f"transform {spec.name!r} at {spec.path} returned {len(result)} "
                         f"updates for {len(variables)} variables")
                 if guard and self._guarded:
-                    required += self._finite_under(i, masked, old, result, state)
+                    required += self.guard.outputs_finite(i, masked, old, result, state, bounds)
                 if applies is not None:  # a skipped step keeps the state as it was
-                    state = tf.nest.map_structure(
-                        lambda n, o, kept=kept: self._keep(n, o, applies, kept), state, old)
+                    result, state = kept_where_skipped(result, state, old, applies, kept,
+                                                       self.kept_by_transforms)
             updates = [r if m else u for r, u, m in zip(result, updates, mask)]
             new_states[i] = state
         return updates, new_states, required
 
-    def _keep(self, new: Any, old: Any, applies: tf.Tensor, kept: dict[int, Any]) -> Any:
-        """``new`` where the step applies, else ``old``: as the transform selected it
-        (``keep_where_skipped`` of this very ``old``), or by the engine."""
-        if kept.get(id(new)) is old:
-            self.kept_by_transforms.add(id(new))
-            return new
-        return tf.where(applies, new, old)
+    def _rechecked(self, required: list[Any], inputs: Callable[[], list[Any]],
+                   skip: set[int], last: Callable[[list[Any]], list[Any]] | None = None
+                   ) -> list[Any]:
+        """``required`` as one scalar; where a bound among it fails, the chain (and
+        ``last`` on its result) is checked again without bounds, from ``inputs()``."""
+        def recheck() -> list[Any]:
+            given, _, again = self._run_chain(inputs(), skip=skip, guard=True, bounds=False)
+            return again + (last(given) if last else [])
 
-    def _finite_under(self, i: int, inputs: list[Any], old: Any, outputs: list[Any],
-                      state: Any) -> list[Any]:
-        """Scalars under which transform ``i``'s outputs are finite: its proof's, or
-        one check over its updates and new state."""
-        prove = self.proofs[i]
-        required = prove(inputs, lambda: old) if prove is not None else None
-        if required is None:
-            required = [finite_outputs(outputs, tf.nest.flatten(state))]
-        return required
+        return [self.guard.chain_finite(required, recheck)] if required else []
 
     # -- plain path --------------------------------------------------------
 
@@ -263,6 +251,7 @@ class Step:
             return self._update_in_place(grads, finite)
         updates, new_states, required = self._run_chain(grads, skip=self._pre_reduce,
                                                         guard=True)
+        required = self._rechecked(required, lambda: grads, self._pre_reduce)
         checks = required if finite is None else [finite, *required]
 
         def commit() -> tf.Tensor:
@@ -276,14 +265,14 @@ class Step:
         outputs need not exist before the kernel writes them."""
         last = len(self.transforms) - 1
         store = self.state
-        inputs, new_states, required = self._run_chain(
-            grads, skip=self._pre_reduce | {last}, guard=True)
+        skip = self._pre_reduce | {last}
+        inputs, new_states, required = self._run_chain(grads, skip=skip, guard=True)
         checks = [] if finite is None else [finite]
-        if self._guarded:
-            prove = self.proofs[last]
-            assert prove is not None  # the plan takes this path only then
-            proved = prove(inputs, lambda: store.read(last))
-            checks += required + (proved if proved is not None else [tf.constant(False)])
+        if self._guarded:  # the plan takes this path only where the last is proved
+            def proved(given: list[Any]) -> list[Any]:
+                return self.guard.proved(last, given, lambda: store.read(last))
+
+            checks += self._rechecked(required + proved(inputs), lambda: grads, skip, proved)
         kernel = self.kernel
         assert kernel is not None
 
@@ -334,7 +323,10 @@ class Step:
         ok = finite
         if self._guarded:
             required = self._run_chain(grads, skip=self._pre_reduce, guard=True)[2]
-            ok = tf.logical_and(ok, all_finite(required))
+            # rechecked from the gradients unscaled in the branch: nothing the size of
+            # the parameters is made for a branch that rarely runs
+            ok = tf.logical_and(ok, all_finite(self._rechecked(required, unscaled,
+                                                                self._pre_reduce)))
         # The gradients unscaled again, so that nothing the size of the parameters is
         # shared by the decision and the writes; compiled on a CPU, gated so that XLA
         # updates one large variable after another (gradpipe._engine.sequence).

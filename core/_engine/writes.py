@@ -55,6 +55,29 @@ def assign(store: StateStore, new_states: dict[int, Any], updates: list[Any],
         return ops + store.refresh_from_masters(updates)
 
 
+def kept_where_skipped(result: list[Any], new: Any, old: Any, applies: tf.Tensor,
+                       kept: dict[int, Any], kept_ids: set[int]) -> tuple[list[Any], Any]:
+    """A transform's updates and state as a step that may be skipped writes them: each
+    leaf ``new`` where it applies, else ``old``, selected by the transform's
+    ``keep_where_skipped`` of this very ``old`` (``kept``: id of the selection -> old)
+    or here. An update that is a new leaf itself (an EMA's) becomes the leaf as kept,
+    equal where the step applies and dropped where not, so its variable reads the
+    slot as written. ``kept_ids`` gets the ids of the leaves updates are computed
+    from (``StateStore.write`` does not order them after their variable)."""
+    def keep(n: Any, o: Any) -> Any:
+        if kept.get(id(n)) is o:
+            kept_ids.add(id(n))
+            return n
+        return tf.where(applies, n, o)
+
+    state = tf.nest.map_structure(keep, new, old)
+    as_kept = {id(n): k for n, k in zip(tf.nest.flatten(new), tf.nest.flatten(state))
+               if n is not k}
+    result = [None if r is None else as_kept.get(id(r), r) for r in result]
+    kept_ids.update(id(k) for k in as_kept.values() if any(r is k for r in result))
+    return result, state
+
+
 def subtract_packed(store: StateStore, applied: tf.Tensor) -> tf.Tensor:
     """Subtract each variable's slice of the packed update, if the step applied.
 

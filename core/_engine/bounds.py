@@ -1,0 +1,298 @@
+"""Bounds of a transform's outputs from its traced maths: finite without a pass.
+
+Where the engine knows no proof for a transform (any plugin's), it walks the
+operations that compute the transform's outputs, back to its inputs, and
+gives each an interval ``[lo, hi]`` holding every element: the gradients lie
+within their largest magnitude (the step knows their norm, or the bound the
+previous transform's analysis gave), the state within its own norm (one read
+of the state), constants and scalars are what they are. Each operation turns
+its inputs' intervals into its own in a few scalar ops. Where every interval
+lies inside its dtype's range, with room for float rounding, and every
+operation's domain holds (no square root below 0, no divisor whose interval
+holds 0), every output is finite: no sum over the outputs, which would have to
+exist before the first write. Where that fails at run time, the guard
+(:mod:`gradpipe._engine.guard`) checks the chain instead; an operation with no
+bound here leaves the transform checked, and the plan says which.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from ..transform import current_context, squared_norm
+
+
+class Interval(NamedTuple):
+    lo: Any  # float32 scalars
+    hi: Any
+
+
+class Unbounded(Exception):
+    """An operation the analysis has no bound for; the message says which."""
+
+
+class Bounded(NamedTuple):
+    required: list[Any]  # bool scalars: true where every output is finite
+    magnitudes: dict[int, Any]  # id(output) -> a bound of its largest magnitude
+
+
+# float rounding makes a computed value exceed the exact interval by a relative
+# 2**-24 per operation: half the dtype's maximum leaves room for millions of them
+_LIMIT = {tf.float16: 65504.0 / 2, tf.bfloat16: 3.38e38 / 2}
+_FLOAT32_LIMIT = 3.4e38 / 2
+# A divisor, a logarithm's or a reciprocal root's argument must stay above this: a
+# float32 below the smallest normal (1.18e-38) may be flushed to 0 where it is used
+_TINY = 2.0**-125
+# a norm bounds each element, but rounds: widened by more than its rounding
+_WIDEN = 1 + 2.0**-20
+
+
+def _f(x: Any) -> Any:
+    return tf.cast(x, tf.float32)
+
+
+def _hull(parts: Sequence[Interval]) -> Interval:
+    """The smallest interval holding ``parts``. (A NaN that min or max drops comes
+    only from an infinite end, whose own interval fails its check.)"""
+    return Interval(functools.reduce(tf.minimum, [p.lo for p in parts]),
+                    functools.reduce(tf.maximum, [p.hi for p in parts]))
+
+
+def _mul(a: Interval, b: Interval) -> Interval:
+    if b.lo is b.hi:  # a point (a scalar, a constant): two products, not four
+        return _hull([Interval(a.lo * b.lo, a.lo * b.lo), Interval(a.hi * b.lo, a.hi * b.lo)])
+    if a.lo is a.hi:
+        return _mul(b, a)
+    return _hull([Interval(x * y, x * y) for x in a for y in b])
+
+
+def _abs(a: Interval) -> Interval:
+    lo = tf.where(a.lo >= 0, a.lo, tf.where(a.hi <= 0, -a.hi, 0.0))
+    return Interval(lo, tf.maximum(tf.abs(a.lo), tf.abs(a.hi)))
+
+
+def _monotone(fn: Callable[[Any], Any]) -> Callable[..., Any]:
+    return lambda op, a: (Interval(fn(a.lo), fn(a.hi)), [])
+
+
+def _divide(a: Interval, b: Interval) -> tuple[Interval, list[Any]]:
+    apart = (b.lo >= _TINY) | (b.hi <= -_TINY)  # a divisor that cannot be 0
+    safe = Interval(tf.where(apart, b.lo, 1.0), tf.where(apart, b.hi, 1.0))
+    return _mul(a, Interval(1.0 / safe.hi, 1.0 / safe.lo)), [apart]
+
+
+def _reduced(op: Any) -> float:
+    """How many elements each output element of a reduction reduces (at least one:
+    an empty max, min or mean is infinite or NaN)."""
+    given, out = op.inputs[0].shape.num_elements(), op.outputs[0].shape.num_elements()
+    if given is None or out is None:
+        raise Unbounded(f"`{op.type}` over a tensor of unknown shape")
+    if out and given < out:
+        raise Unbounded(f"`{op.type}` over an empty tensor")
+    return float(given) / max(out, 1)
+
+
+def _sum(op: Any, a: Interval) -> tuple[Interval, list[Any]]:
+    n = _reduced(op)
+    return Interval(a.lo * n, a.hi * n), []
+
+
+def _mean(op: Any, a: Interval) -> tuple[Interval, list[Any]]:
+    # the sum it divides must not overflow either
+    return a, [_abs(a).hi * _reduced(op) < _FLOAT32_LIMIT]
+
+
+def _l2_loss(op: Any, a: Interval) -> tuple[Interval, list[Any]]:
+    return Interval(tf.constant(0.0), _abs(a).hi ** 2 * (_reduced(op) / 2)), []
+
+
+def _same(op: Any, *inputs: Interval) -> tuple[Interval, list[Any]]:
+    return _hull(inputs) if len(inputs) > 1 else inputs[0], []
+
+
+_ALL_BUT_LAST = "all but last"
+# op type -> (the inputs that carry values: indices, None for all, or all but the
+# last), rule
+_RULES: dict[str, tuple[tuple[int, ...] | str | None, Callable[..., Any]]] = {
+    "AddV2": (None, lambda op, a, b: (Interval(a.lo + b.lo, a.hi + b.hi), [])),
+    "Add": (None, lambda op, a, b: (Interval(a.lo + b.lo, a.hi + b.hi), [])),
+    "BiasAdd": (None, lambda op, a, b: (Interval(a.lo + b.lo, a.hi + b.hi), [])),
+    "AddN": (None, lambda op, *xs: (Interval(tf.add_n([x.lo for x in xs]),
+                                             tf.add_n([x.hi for x in xs])), [])),
+    "Sub": (None, lambda op, a, b: (Interval(a.lo - b.hi, a.hi - b.lo), [])),
+    "Mul": (None, lambda op, a, b: (_mul(a, b), [])),
+    "RealDiv": (None, lambda op, a, b: _divide(a, b)),
+    "Reciprocal": (None, lambda op, a: _divide(Interval(1.0, 1.0), a)),
+    "Inv": (None, lambda op, a: _divide(Interval(1.0, 1.0), a)),
+    "Neg": (None, lambda op, a: (Interval(-a.hi, -a.lo), [])),
+    "Abs": (None, lambda op, a: (_abs(a), [])),
+    "Square": (None, lambda op, a: (Interval(_abs(a).lo ** 2, _abs(a).hi ** 2), [])),
+    "SquaredDifference": (None, lambda op, a, b: (Interval(
+        _abs(Interval(a.lo - b.hi, a.hi - b.lo)).lo ** 2,
+        _abs(Interval(a.lo - b.hi, a.hi - b.lo)).hi ** 2), [])),
+    "Sqrt": (None, lambda op, a: (Interval(tf.sqrt(tf.maximum(a.lo, 0.0)), tf.sqrt(a.hi)),
+                                  [a.lo >= 0])),
+    "Rsqrt": (None, lambda op, a: (Interval(tf.math.rsqrt(a.hi),
+                                            tf.math.rsqrt(tf.maximum(a.lo, _TINY))),
+                                   [a.lo >= _TINY])),
+    "Exp": (None, _monotone(tf.exp)),
+    "Log": (None, lambda op, a: (Interval(tf.math.log(a.lo), tf.math.log(a.hi)),
+                                 [a.lo >= _TINY])),
+    "Log1p": (None, lambda op, a: (Interval(tf.math.log1p(a.lo), tf.math.log1p(a.hi)),
+                                   [a.lo > -1])),
+    "Tanh": (None, _monotone(tf.tanh)),
+    "Sigmoid": (None, _monotone(tf.sigmoid)),
+    "Sign": (None, _monotone(tf.sign)),
+    "Relu": (None, _monotone(lambda x: tf.maximum(x, 0.0))),
+    "Softplus": (None, _monotone(tf.nn.softplus)),
+    "Floor": (None, _monotone(tf.floor)),
+    "Ceil": (None, _monotone(tf.math.ceil)),
+    "Round": (None, _monotone(tf.round)),
+    "Maximum": (None, lambda op, a, b: (Interval(tf.maximum(a.lo, b.lo),
+                                                 tf.maximum(a.hi, b.hi)), [])),
+    "Minimum": (None, lambda op, a, b: (Interval(tf.minimum(a.lo, b.lo),
+                                                 tf.minimum(a.hi, b.hi)), [])),
+    "ClipByValue": (None, lambda op, a, lo, hi: (Interval(
+        tf.minimum(tf.maximum(a.lo, lo.lo), hi.lo),
+        tf.minimum(tf.maximum(a.hi, lo.hi), hi.hi)), [])),
+    "Select": ((1, 2), _same),
+    "SelectV2": ((1, 2), _same),
+    "Sum": ((0,), _sum),
+    "Mean": ((0,), _mean),
+    "Max": ((0,), _same),
+    "Min": ((0,), _same),
+    "L2Loss": ((0,), _l2_loss),
+    "ConcatV2": (_ALL_BUT_LAST, _same),
+    "Pack": (None, _same),
+    "Split": ((1,), _same),
+    "ZerosLike": ((), lambda op: (Interval(tf.constant(0.0), tf.constant(0.0)), [])),
+    "OnesLike": ((), lambda op: (Interval(tf.constant(1.0), tf.constant(1.0)), [])),
+    "Fill": ((1,), _same),
+}
+# operations that move or copy values, never change them: the first input's interval
+for _op in ("Identity", "StopGradient", "Snapshot", "Reshape", "Squeeze", "ExpandDims",
+            "Transpose", "BroadcastTo", "Tile", "Slice", "StridedSlice", "GatherV2",
+            "EnsureShape", "SplitV", "Unpack", "ReverseV2", "Cast", "PreventGradient"):
+    _RULES[_op] = ((0,), _same)
+
+
+def _value_inputs(op: Any) -> list[Any]:
+    which = _RULES[op.type][0]
+    if which == _ALL_BUT_LAST:
+        return list(op.inputs[:-1])
+    return list(op.inputs) if which is None else [op.inputs[k] for k in which]
+
+
+def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval]) -> Bounded:
+    """Bounds of ``outputs`` (tensors traced in the current graph) from the intervals
+    ``known`` of their inputs (``tensor.ref()`` -> Interval); raises ``Unbounded``.
+
+    Operations of the same kind on the same intervals share one interval, so a
+    transform's maths repeated for each variable costs its scalar ops once."""
+    memo: dict[Any, Interval] = dict(known)
+    same: dict[tuple[Any, ...], Interval] = {}
+    required: list[Any] = []
+    ends: dict[float, list[Any]] = {}  # limit -> each interval's lo and hi
+    checked: set[tuple[int, float]] = set()
+
+    def check(interval: Interval, dtype: Any) -> None:
+        limit = _LIMIT.get(dtype, _FLOAT32_LIMIT)
+        if (id(interval), limit) not in checked:
+            checked.add((id(interval), limit))
+            ends.setdefault(limit, []).extend([-interval.lo, interval.hi])
+
+    for interval in known.values():  # an infinite input fails too
+        check(interval, tf.float32)
+    for output in outputs:
+        stack = [output]
+        while stack:
+            x = stack[-1]
+            if x.ref() in memo:
+                stack.pop()
+                continue
+            key, deps = _structure(x)
+            missing = [d for d in deps if d.ref() not in memo]
+            if missing:
+                stack.extend(missing)
+                continue
+            given = [memo[d.ref()] for d in deps]
+            if key is not None:
+                key += tuple(id(i) for i in given)
+            found = same.get(key) if key is not None else None
+            if found is None:
+                computed, domain = _interval(x, given)
+                required += domain
+                found = Interval(_f(computed.lo), _f(computed.hi))
+                if key is not None:
+                    same[key] = found
+            memo[x.ref()] = found
+            if x.dtype.is_floating:
+                check(found, x.dtype)
+            stack.pop()
+    for limit, values in ends.items():  # compared one by one: a NaN fails
+        required.append(tf.reduce_all(tf.stack(values) < limit))
+    magnitudes = {id(i): _abs(i).hi for i in (memo[t.ref()] for t in outputs)}
+    return Bounded(required, {id(t): magnitudes[id(memo[t.ref()])] for t in outputs})
+
+
+def _structure(x: Any) -> tuple[tuple[Any, ...] | None, list[Any]]:
+    """What ``x``'s interval depends on besides its inputs' intervals (``None``: on
+    ``x`` itself, a scalar), and the inputs whose intervals it needs."""
+    if not (x.dtype.is_floating or x.dtype.is_integer):
+        raise Unbounded(f"its maths uses a {x.dtype.name} tensor ({x.op.type})")
+    if x.op.type == "Const":
+        value = np.asarray(tf.get_static_value(x), dtype=np.float64)
+        return ("Const", *((value.min(), value.max()) if value.size else (0.0, 0.0))), []
+    if x.shape.num_elements() == 1:  # a hyperparameter, a counter: its own value
+        return None, []
+    if x.op.type not in _RULES:
+        raise Unbounded(f"its maths uses `{x.op.type}`, which has no bound here")
+    if x.op.type == "Cast" and not (x.dtype.is_floating and (
+            x.op.inputs[0].dtype.is_floating or x.op.inputs[0].dtype.is_integer)):
+        raise Unbounded(f"its maths casts {x.op.inputs[0].dtype.name} to {x.dtype.name}")
+    reduced = _reduced(x.op) if x.op.type in ("Sum", "Mean", "L2Loss", "Max", "Min") \
+        else None
+    return (x.op.type, x.dtype, reduced), _value_inputs(x.op)
+
+
+def _interval(x: Any, given: list[Interval]) -> tuple[Interval, list[Any]]:
+    if x.op.type == "Const":
+        value = np.asarray(tf.get_static_value(x), dtype=np.float64)
+        lo, hi = (value.min(), value.max()) if value.size else (0.0, 0.0)
+        point = tf.constant(lo, tf.float32)
+        return Interval(point, point if hi == lo else tf.constant(hi, tf.float32)), []
+    if x.shape.num_elements() == 1:
+        value = _f(tf.reshape(x, []))
+        return Interval(value, value), []
+    return _RULES[x.op.type][1](x.op, *given)
+
+
+def record_bounds(magnitudes: dict[int, Any], tensors: Sequence[Any]) -> None:
+    """Remember each of ``tensors``' bound, for the next transform's inputs."""
+    bounds = current_context().shared.setdefault("bounds", {})
+    for t in tensors:
+        if t is not None and id(t) in magnitudes:
+            bounds[id(t)] = (t, magnitudes[id(t)])  # the tensor keeps its id alive
+
+
+def squared_bound(tensors: Sequence[Any]) -> Any:
+    """A float32 bound of every element's square in ``tensors``: from the bounds
+    recorded for them, else their sum of squares (which the engine has for the
+    gradients: no extra pass). Finite only where every element is below 2**64."""
+    bounds = current_context().shared.get("bounds", {})
+    present = [t for t in tensors if t is not None]
+    if present and all(id(t) in bounds for t in present):
+        return tf.square(tf.reduce_max(tf.stack([bounds[id(t)][1] for t in present])))
+    return squared_norm(tensors)
+
+
+def within_norm(squared: Any) -> Interval:
+    """An interval holding every element of tensors whose sum of squares is
+    ``squared`` (widened by more than the rounding of the sum and the root)."""
+    bound = tf.sqrt(_f(squared)) * _WIDEN
+    return Interval(-bound, bound)

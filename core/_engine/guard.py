@@ -1,0 +1,150 @@
+"""How a step knows every transform's outputs finite before its first write.
+
+Each transform's updates and new state are *proved* finite (gradpipe's own
+maths, :mod:`gradpipe._engine.proofs`), *bounded* (any other maths the engine
+can follow, :mod:`gradpipe._engine.bounds`), or *checked*: one sum over them
+(``step_ops.finite_outputs``). A proof or a bound is a sufficient condition
+computed from a few scalars; where a bound fails at run time (a state too
+large for it), the chain is checked instead, so a bound never skips a step
+that a check would apply. ``pipe.plan`` says which each transform gets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from ..tensors import all_finite
+from ..transform import BuildContext, build_scope, sum_of_squares
+from .bounds import Unbounded, bound_outputs, record_bounds, squared_bound, within_norm
+from .proofs import Prove
+from .step_ops import finite_outputs
+
+
+class Guard:
+    """The finite guarantee of one pipeline's chain, while a step is traced."""
+
+    def __init__(self, proofs: list[Prove | None], bounded: tuple[int, ...],
+                 context: BuildContext) -> None:
+        self.proofs, self.bounded, self.context = proofs, set(bounded), context
+        # whether the chain traced last used a bound (``chain_finite`` then rechecks)
+        self.used_bounds = False
+
+    def outputs_finite(self, i: int, inputs: list[Any], old: Any, outputs: list[Any],
+                       state: Any, bounds: bool) -> list[Any]:
+        """Scalars under which transform ``i``'s outputs are finite: its proof's, the
+        bounds of its maths (``bounds``, where the plan found them), or one check over
+        its updates and new state."""
+        prove = self.proofs[i]
+        required = prove(inputs, lambda: old) if prove is not None else None
+        if required is None and bounds and i in self.bounded:
+            required = bounded_outputs(inputs, old, outputs, state)
+            self.used_bounds |= required is not None
+        if required is None:
+            required = [finite_outputs(outputs, tf.nest.flatten(state))]
+        return required
+
+    def proved(self, i: int, inputs: list[Any], read_state: Callable[[], Any]
+               ) -> list[Any]:
+        """The scalars of transform ``i``'s proof for ``inputs`` (false where it proves
+        nothing for them: an in-place kernel writes before a check could run)."""
+        prove = self.proofs[i]
+        scalars = prove(inputs, read_state) if prove is not None else None
+        return scalars if scalars is not None else [tf.constant(False)]
+
+    def chain_finite(self, required: list[Any], recheck: Callable[[], list[Any]]
+                     ) -> tf.Tensor:
+        """Whether the chain's outputs are finite, from ``required`` (its transforms'
+        proofs, bounds and checks); where a bound was among them and fails, from
+        ``recheck()``, the chain traced again without bounds in a branch that only
+        then runs."""
+        ok = all_finite(required)
+        if not self.used_bounds:
+            return ok
+        shared = self.context.shared
+
+        def checked() -> tf.Tensor:
+            saved = {k: dict(v) if isinstance(v, dict) else v for k, v in shared.items()}
+            try:  # what the recheck records belongs to its branch's graph
+                return all_finite(recheck())
+            finally:
+                shared.clear()
+                shared.update(saved)
+
+        return tf.cond(ok, lambda: tf.constant(True), checked)
+
+
+def bounded_outputs(inputs: list[Any], old: Any, outputs: list[Any], state: Any
+                    ) -> list[Any] | None:
+    """The scalars under which a transform's ``outputs`` and new ``state`` are finite,
+    from the bounds of its maths; ``None`` where this trace has none (sparse
+    gradients, an operation without a bound, a step run eagerly, which leaves no
+    graph to walk): the outputs are then checked."""
+    if tf.executing_eagerly():
+        return None
+    try:
+        return _bounded(inputs, old, outputs, state)
+    except Unbounded:
+        return None
+
+
+def _bounded(inputs: list[Any], old: Any, outputs: list[Any], state: Any) -> list[Any]:
+    leaves = [t for t in tf.nest.flatten(state) if isinstance(t, (tf.Tensor, tf.Variable))]
+    before = [t for t in tf.nest.flatten(old) if isinstance(t, tf.Tensor)
+              and t.dtype.is_floating]
+    present = [g for g in inputs if g is not None]
+    results = [t for t in [*outputs, *leaves] if t is not None]
+    if any(isinstance(t, (tf.IndexedSlices, tf.Variable)) for t in
+           [*present, *results, *tf.nest.flatten(old)]):
+        raise Unbounded("sparse gradients or state")
+    known = {}
+    if present:
+        gradients = within_norm(squared_bound(inputs))
+        known = {g.ref(): gradients for g in present}
+    if before:  # one read of the state: its norm bounds every element
+        held = within_norm(sum_of_squares(before))
+        known.update({t.ref(): held for t in before})
+    bounded = bound_outputs(results, known)
+    record_bounds(bounded.magnitudes, outputs)
+    return bounded.required
+
+
+def why_unbounded(transform: Any, context: Any) -> str:
+    """Why the engine does not bound ``transform``'s maths ("" where it does): its
+    update traced once for two small variables and run on ordinary values (unit
+    gradients, a state of 0.5). Where the bounds fail even there (a sign the
+    analysis does not know, such as that of a square root's state), every step
+    would be checked after all, and the transform is checked from the start."""
+    variables = [tf.Variable(tf.zeros([3]), name="probe/bias"),
+                 tf.Variable(tf.zeros([2, 3]), name="probe/kernel")]
+    found: list[str] = []
+
+    def probe(grads: list[Any], state: Any) -> Any:
+        with build_scope(context):
+            context.shared.clear()
+            outputs, new = transform.update(list(grads), state, variables)
+            try:
+                required = _bounded(list(grads), state, list(outputs), new)
+            except Unbounded as exc:
+                found.append(str(exc))
+                return tf.constant(False)
+            return all_finite(required)
+
+    try:
+        with build_scope(context):
+            state = tf.nest.map_structure(tf.convert_to_tensor, transform.init(variables))
+        held = tf.nest.map_structure(
+            lambda t: tf.fill(tf.shape(t), tf.cast(0.5, t.dtype)) if t.dtype.is_floating
+            else t, state)
+        holds = tf.function(probe, autograph=False)(
+            [tf.ones(v.shape, v.dtype) for v in variables], held)
+    except Exception as exc:  # a transform that cannot be traced so is checked
+        return f"its update could not be traced for bounds ({type(exc).__name__})"
+    finally:
+        context.shared.clear()
+    if found:
+        return found[0]
+    return "" if bool(holds) else ("its bounds fail on ordinary values: it needs a sign "
+                                   "the bounds do not know, such as its state's")

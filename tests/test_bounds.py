@@ -1,0 +1,167 @@
+"""A plugin's maths is bounded, not checked, where the engine can bound it.
+
+The engine walks the operations of a transform it knows no proof for and bounds
+its outputs from its inputs' and state's norms (the plan says "bounded"). These
+tests hold the bounds against a float32 reference in numpy: a step is applied
+exactly when every update and new state is finite, on the compiled and on the
+plain path, and where a bound fails (a state too large for it) the chain is
+checked instead, so a bound never skips a step a check would apply.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import gradpipe
+from conftest import register_transform
+from gradpipe.plugin import Capabilities, Transform, zeros_like_vars
+
+# Each: (the update and new state in TF, the same in float32 numpy); state ``m`` per
+# variable. Together they use every kind of rule the bounds have: sums, products,
+# divisions, roots, logs, exponentials, scalars computed from the tensors.
+MATHS = {
+    "ema": (lambda g, m: (0.9 * m + g, 0.9 * m + g),
+            lambda g, m: (np.float32(0.9) * m + g,) * 2),
+    "rms": (lambda g, m: (g / (tf.sqrt(0.999 * m + 0.001 * g * g) + 1e-7),
+                          0.999 * m + 0.001 * tf.square(g)),
+            lambda g, m: (g / (np.sqrt(np.float32(0.999) * m + np.float32(0.001) * g * g)
+                               + np.float32(1e-7)),
+                          np.float32(0.999) * m + np.float32(0.001) * g * g)),
+    "normalized": (lambda g, m: (g / (tf.norm(g) + 1e-12) + tf.tanh(m), m),
+                   lambda g, m: (g / (np.sqrt(np.sum(g * g, dtype=np.float32))
+                                      + np.float32(1e-12)) + np.tanh(m), m)),
+    "log": (lambda g, m: (tf.math.log(tf.abs(g) + 1.0), tf.maximum(m, g)),
+            lambda g, m: (np.log(np.abs(g) + np.float32(1)), np.maximum(m, g))),
+    "difference": (lambda g, m: ((m - g) * 1e20, m - g),
+                   lambda g, m: ((m - g) * np.float32(1e20), m - g)),
+    "exp": (lambda g, m: (tf.exp(tf.clip_by_value(g, -50.0, m)), m - g),
+            lambda g, m: (np.exp(np.minimum(np.maximum(g, np.float32(-50)), m)), m - g)),
+}
+
+
+def _transform(name):
+    maths = MATHS[name][0]
+
+    def factory(cfg):
+        def update(grads, state, variables):
+            pairs = [(None, m) if g is None else maths(g, m) for g, m in zip(grads, state)]
+            return [u for u, _ in pairs], [m for _, m in pairs]
+
+        return Transform(zeros_like_vars, update)
+
+    kind = f"bounds_{name}"
+    register_transform(kind, factory, attrs.frozen(kw_only=True)(type("C", (), {})),
+                       capabilities=Capabilities(update_rule=True))
+    return kind
+
+
+ELEMENTS = st.sampled_from([0.0, 1e-30, 1.0, -3.0, 60.0, 1e10, 1e19, -1e19, -2e19, 1e38,
+                           -3e38])
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(sorted(MATHS)), jit=st.booleans(),
+       state=st.lists(ELEMENTS, min_size=3, max_size=3),
+       grads=st.lists(st.lists(ELEMENTS, min_size=3, max_size=3), min_size=1, max_size=3))
+# equal norms of state and gradient: a difference rule that subtracted the wrong ends
+# would bound (m - g) by 0, and a product of it by 0 too
+@example(name="difference", jit=True, state=[1e19, 0.0, 0.0], grads=[[-1e19, 0.0, 0.0]])
+@example(name="difference", jit=False, state=[1e19, 0.0, 0.0], grads=[[-1e19, 0.0, 0.0]])
+def test_a_step_is_applied_exactly_when_its_outputs_are_finite(name, jit, state, grads):
+    kind = _transform(name)
+    var = tf.Variable(np.zeros(3, "f4"))
+    pipe = gradpipe.build({"transforms": [{"kind": kind}],
+                           "pipeline": {"jit_compile": jit}})
+    pipe.build([var])
+    # rms takes the square root of its state, whose sign the bounds do not know: its
+    # bounds would fail on every step, so it is checked from the start
+    assert ("checked" if name == "rms" else "bounded") in pipe.plan.checks[0], pipe.plan
+    (slot,) = pipe.transform_state(0).values()
+    slot.assign(np.array(state, "f4"))
+    step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
+    reference = MATHS[name][1]
+    m = np.array(state, "f4")
+    with np.errstate(all="ignore"):
+        for g in grads:
+            g = np.array(g, "f4")
+            update, new = reference(g, m)
+            finite = bool(np.isfinite(update).all() and np.isfinite(new).all())
+            before = slot.numpy(), var.numpy()
+            assert bool(step(tf.constant(g))) == finite, (g, m, update, new)
+            if finite:
+                m = new
+                np.testing.assert_allclose(slot.numpy(), new, rtol=1e-5)
+            else:  # skipped whole: nothing written
+                np.testing.assert_array_equal(slot.numpy(), before[0])
+                np.testing.assert_array_equal(var.numpy(), before[1])
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_a_state_too_large_for_its_bound_is_checked_instead(jit):
+    """One element of 1.9e19: the state's sum of squares overflows, so its norm bounds
+    nothing; the chain is then checked, finds every output finite and applies."""
+    kind = _transform("ema")
+    var = tf.Variable(np.zeros(1000, "f4"))
+    pipe = gradpipe.build({"transforms": [{"kind": kind}], "loss_scale": {"kind": "dynamic"},
+                           "pipeline": {"jit_compile": jit}})
+    pipe.build([var])
+    (slot,) = pipe.transform_state(0).values()
+    slot.assign(np.r_[np.float32(1.9e19), np.zeros(999, "f4")])
+    step = tf.function(lambda g: pipe.apply_gradients([(g * pipe.loss_scale, var)]))
+    assert bool(step(tf.ones(1000)))
+    assert int(pipe.skipped_steps) == 0
+    np.testing.assert_allclose(slot.numpy()[:2], [0.9 * 1.9e19 + 1, 1.0], rtol=1e-6)
+    slot.assign(np.full(1000, 3e38, "f4"))  # 0.9 * 3e38 + 3e38 overflows: skipped
+    assert not bool(step(tf.fill([1000], 3e38)))
+    assert slot.numpy()[0] == np.float32(3e38)
+
+
+def test_the_plan_names_what_leaves_a_transform_checked():
+    """A transform that reads the model's variables (decoupled weight decay) or uses
+    an operation without a bound is checked, and the plan says why."""
+    def factory(cfg):
+        def update(grads, state, variables):
+            return [None if g is None else g + 0.01 * v for g, v in zip(grads, variables)], state
+
+        return Transform(lambda variables: (), update)
+
+    register_transform("bounds_decay", factory, capabilities=Capabilities(update_rule=True))
+    var = tf.Variable(np.zeros([4, 4], "f4"))
+    pipe = gradpipe.build({"transforms": [{"kind": "bounds_decay"}]})
+    pipe.build([var])
+    assert "checked: one sum over its updates and new state (its maths uses " \
+           "`ReadVariableOp`, which has no bound here)" in str(pipe.plan)
+    grads = tf.constant(np.full([4, 4], 2.0, "f4"))
+    assert bool(tf.function(lambda: pipe.apply_gradients([(grads, var)]))())
+    np.testing.assert_array_equal(var.numpy(), np.full([4, 4], -2.0))
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_a_checked_product_that_overflows_is_skipped(jit):
+    """A checked transform whose update is a finite value times a constant that
+    overflows: XLA folds ``(y * c) * 0`` into ``y * 0``, so a check by ``x * 0``
+    missed the inf (it wrote inf into the weights until this test)."""
+    def factory(cfg):
+        def update(grads, state, variables):
+            return [None if g is None else (g + 0.0 * v) * 1e30
+                    for g, v in zip(grads, variables)], state
+
+        return Transform(lambda variables: (), update)
+
+    register_transform("bounds_overflow", factory, capabilities=Capabilities(update_rule=True))
+    var = tf.Variable(np.zeros([64], "f4"))
+    pipe = gradpipe.build({"transforms": [{"kind": "bounds_overflow"}],
+                           "pipeline": {"jit_compile": jit}})
+    pipe.build([var])
+    assert "checked" in pipe.plan.checks[0]
+    step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
+    assert not bool(step(tf.concat([tf.zeros([63]), [1e10]], 0)))
+    np.testing.assert_array_equal(var.numpy(), np.zeros(64))
+    assert bool(step(tf.fill([64], 1e-31)))
+    np.testing.assert_allclose(var.numpy(), np.full(64, -0.1), rtol=1e-6)
