@@ -165,3 +165,14 @@ def test_a_checked_product_that_overflows_is_skipped(jit):
     np.testing.assert_array_equal(var.numpy(), np.zeros(64))
     assert bool(step(tf.fill([64], 1e-31)))
     np.testing.assert_allclose(var.numpy(), np.full(64, -0.1), rtol=1e-6)
+
+
+def test_building_many_pipelines_warns_of_no_retracing(caplog):
+    """The build traces each plugin transform once to bound it; done on every build,
+    it must not have TensorFlow warn of retracing (naming gradpipe's internals)."""
+    kind = _transform("ema")
+    with caplog.at_level("WARNING", logger="tensorflow"):
+        for _ in range(7):
+            pipe = gradpipe.build({"transforms": [{"kind": kind}]})
+            pipe.build([tf.Variable(np.zeros(3, "f4"))])
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]

@@ -138,8 +138,12 @@ def why_unbounded(transform: Any, context: Any) -> str:
         held = tf.nest.map_structure(
             lambda t: tf.fill(tf.shape(t), tf.cast(0.5, t.dtype)) if t.dtype.is_floating
             else t, state)
-        holds = tf.function(probe, autograph=False)(
-            [tf.ones(v.shape, v.dtype) for v in variables], held)
+        grads = [tf.ones(v.shape, v.dtype) for v in variables]
+        # a concrete function, called as such: a new tf.function traced and called on
+        # every build would have TensorFlow warn of retracing
+        holds = tf.function(probe, autograph=False).get_concrete_function(
+            [tf.TensorSpec.from_tensor(g) for g in grads],
+            tf.nest.map_structure(tf.TensorSpec.from_tensor, held))(grads, held)
     except Exception as exc:  # a transform that cannot be traced so is checked
         return f"its update could not be traced for bounds ({type(exc).__name__})"
     finally:
