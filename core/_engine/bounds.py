@@ -76,6 +76,19 @@ def _abs(a: Interval) -> Interval:
     return Interval(lo, tf.maximum(tf.abs(a.lo), tf.abs(a.hi)))
 
 
+def _add(op: Any, *xs: Interval) -> tuple[Interval, list[Any]]:
+    return Interval(tf.add_n([x.lo for x in xs]), tf.add_n([x.hi for x in xs])), []
+
+
+def _sub(a: Interval, b: Interval) -> Interval:
+    return Interval(a.lo - b.hi, a.hi - b.lo)
+
+
+def _square(a: Interval) -> tuple[Interval, list[Any]]:
+    magnitude = _abs(a)
+    return Interval(magnitude.lo ** 2, magnitude.hi ** 2), []
+
+
 def _monotone(fn: Callable[[Any], Any]) -> Callable[..., Any]:
     return lambda op, a: (Interval(fn(a.lo), fn(a.hi)), [])
 
@@ -119,22 +132,18 @@ _ALL_BUT_LAST = "all but last"
 # op type -> (the inputs that carry values: indices, None for all, or all but the
 # last), rule
 _RULES: dict[str, tuple[tuple[int, ...] | str | None, Callable[..., Any]]] = {
-    "AddV2": (None, lambda op, a, b: (Interval(a.lo + b.lo, a.hi + b.hi), [])),
-    "Add": (None, lambda op, a, b: (Interval(a.lo + b.lo, a.hi + b.hi), [])),
-    "BiasAdd": (None, lambda op, a, b: (Interval(a.lo + b.lo, a.hi + b.hi), [])),
-    "AddN": (None, lambda op, *xs: (Interval(tf.add_n([x.lo for x in xs]),
-                                             tf.add_n([x.hi for x in xs])), [])),
-    "Sub": (None, lambda op, a, b: (Interval(a.lo - b.hi, a.hi - b.lo), [])),
+    "AddV2": (None, _add),
+    "Add": (None, _add),
+    "BiasAdd": (None, _add),
+    "AddN": (None, _add),
+    "Sub": (None, lambda op, a, b: (_sub(a, b), [])),
     "Mul": (None, lambda op, a, b: (_mul(a, b), [])),
     "RealDiv": (None, lambda op, a, b: _divide(a, b)),
     "Reciprocal": (None, lambda op, a: _divide(Interval(1.0, 1.0), a)),
-    "Inv": (None, lambda op, a: _divide(Interval(1.0, 1.0), a)),
     "Neg": (None, lambda op, a: (Interval(-a.hi, -a.lo), [])),
     "Abs": (None, lambda op, a: (_abs(a), [])),
-    "Square": (None, lambda op, a: (Interval(_abs(a).lo ** 2, _abs(a).hi ** 2), [])),
-    "SquaredDifference": (None, lambda op, a, b: (Interval(
-        _abs(Interval(a.lo - b.hi, a.hi - b.lo)).lo ** 2,
-        _abs(Interval(a.lo - b.hi, a.hi - b.lo)).hi ** 2), [])),
+    "Square": (None, lambda op, a: _square(a)),
+    "SquaredDifference": (None, lambda op, a, b: _square(_sub(a, b))),
     "Sqrt": (None, lambda op, a: (Interval(tf.sqrt(tf.maximum(a.lo, 0.0)), tf.sqrt(a.hi)),
                                   [a.lo >= 0])),
     "Rsqrt": (None, lambda op, a: (Interval(tf.math.rsqrt(a.hi),
@@ -174,6 +183,7 @@ _RULES: dict[str, tuple[tuple[int, ...] | str | None, Callable[..., Any]]] = {
     "OnesLike": ((), lambda op: (Interval(tf.constant(1.0), tf.constant(1.0)), [])),
     "Fill": ((1,), _same),
 }
+_RULES["Inv"] = _RULES["Reciprocal"]
 # operations that move or copy values, never change them: the first input's interval
 for _op in ("Identity", "StopGradient", "Snapshot", "Reshape", "Squeeze", "ExpandDims",
             "Transpose", "BroadcastTo", "Tile", "Slice", "StridedSlice", "GatherV2",
@@ -246,8 +256,7 @@ def _structure(x: Any) -> tuple[tuple[Any, ...] | None, list[Any]]:
     if not (x.dtype.is_floating or x.dtype.is_integer):
         raise Unbounded(f"its maths uses a {x.dtype.name} tensor ({x.op.type})")
     if x.op.type == "Const":
-        value = np.asarray(tf.get_static_value(x), dtype=np.float64)
-        return ("Const", *((value.min(), value.max()) if value.size else (0.0, 0.0))), []
+        return ("Const", *_constant_range(x)), []
     if x.shape.num_elements() == 1:  # a hyperparameter, a counter: its own value
         return None, []
     if x.op.type not in _RULES:
@@ -260,10 +269,14 @@ def _structure(x: Any) -> tuple[tuple[Any, ...] | None, list[Any]]:
     return (x.op.type, x.dtype, reduced), _value_inputs(x.op)
 
 
+def _constant_range(x: Any) -> tuple[float, float]:
+    value = np.asarray(tf.get_static_value(x), dtype=np.float64)
+    return (float(value.min()), float(value.max())) if value.size else (0.0, 0.0)
+
+
 def _interval(x: Any, given: list[Interval]) -> tuple[Interval, list[Any]]:
     if x.op.type == "Const":
-        value = np.asarray(tf.get_static_value(x), dtype=np.float64)
-        lo, hi = (value.min(), value.max()) if value.size else (0.0, 0.0)
+        lo, hi = _constant_range(x)
         point = tf.constant(lo, tf.float32)
         return Interval(point, point if hi == lo else tf.constant(hi, tf.float32)), []
     if x.shape.num_elements() == 1:

@@ -74,7 +74,8 @@ def kept_where_skipped(result: list[Any], new: Any, old: Any, applies: tf.Tensor
     as_kept = {id(n): k for n, k in zip(tf.nest.flatten(new), tf.nest.flatten(state))
                if n is not k}
     result = [None if r is None else as_kept.get(id(r), r) for r in result]
-    kept_ids.update(id(k) for k in as_kept.values() if any(r is k for r in result))
+    leaves = {id(k) for k in as_kept.values()}
+    kept_ids.update(id(r) for r in result if r is not None and id(r) in leaves)
     return result, state
 
 
