@@ -44,7 +44,8 @@ class Capabilities:
 
     Attributes:
         update_rule: its output is the step (``sgd``, ``adam``); a trainable
-            variable that no update rule selects is an error.
+            variable that no update rule selects is an error, and so is a chain
+            with none.
         after_update_rule: it must follow an update rule (decoupled weight decay).
         gradient_clipping: ``clip_before_reduce`` may run it on each replica's
             gradients before the reduction.

@@ -10,12 +10,11 @@ nothing in it is ever imported or evaluated.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from importlib import metadata
 from typing import Any
 
 import attrs
 
-from .entry_points import BUILTIN_DIST
+from .config_rules import check_chain, check_lock, check_requirements
 from .errors import ConfigError, PluginError, Problem, did_you_mean
 from .fields import (
     HYPER,
@@ -74,7 +73,7 @@ def parse_mapping(
     builder = _SpecBuilder(registry, out, data.get("schedules"))
     head = builder.plain(GradpipeSection, data.get("gradpipe", {}), "gradpipe")
     if head is not None:
-        _check_requirements(head.require, out)
+        check_requirements(head.require, out)
     options = builder.plain(PipelineOptions, data.get("pipeline", {}), "pipeline")
     placement = builder.optional("placement", data, default_kind="default")
     loss_scale = builder.optional("loss_scale", data)
@@ -82,7 +81,9 @@ def parse_mapping(
     schedules = builder.all_schedules()
     transforms = builder.component_list("transform", "transforms", data, required=True)
     convergence = builder.component_list("convergence", "convergence", data)
-    _check_chain(transforms, out)
+    tables = data.get("transforms")
+    check_chain(transforms, out, complete=isinstance(tables, list)
+                and len(tables) == len(transforms))
     spec = None
     if not out.problems:
         spec = PipelineSpec(
@@ -92,82 +93,11 @@ def parse_mapping(
             convergence=tuple(convergence), problem=problem, source=file,
             lines=dict(lines or {}),
         )
-        _check_lock(data.get("lock"), registry, out)
+        check_lock(data.get("lock"), registry, out)
     if out.problems:
         raise ConfigError(out.problems)
     assert spec is not None
     return spec
-
-
-#: What a user who put a built-in in the wrong place may have meant.
-_BUILTIN_ALTERNATIVES = {
-    (BUILTIN_DIST, "weight_decay"): "; for decay added to the gradient before the update "
-                                    "rule, use 'l2'",
-}
-
-
-def _check_chain(transforms: list[ComponentSpec], out: _Collector) -> None:
-    """Rules between transforms, from the capabilities their plugins declared.
-
-    ``conflicts = {name: reason}``: the transform cannot share a pipeline with
-    ``name``. ``after_update_rule``: it must follow an ``update_rule``.
-    """
-    names = {t.name: t for t in transforms}
-    seen_update_rule = False
-    for t in transforms:
-        for other, reason in t.capabilities.conflicts.items():
-            if other in names:
-                out.add(f"{t.path}.kind", f"{t.name!r} cannot be combined with {other!r} "
-                        f"at {names[other].path}: {reason}")
-        if t.capabilities.after_update_rule and not seen_update_rule:
-            rules = [f"{r.path} ({r.name!r})" for r in transforms if r.capabilities.update_rule]
-            where = (f"move it below {rules[0]}" if rules else
-                     "add an update rule such as 'sgd' or 'adam' before it")
-            out.add(f"{t.path}.kind", f"{t.name!r} changes the step an update rule computed "
-                    f"(its plugin declares after_update_rule), so it must come after one: "
-                    f"{where}{_BUILTIN_ALTERNATIVES.get((t.dist, t.name), '')}")
-        seen_update_rule = seen_update_rule or t.capabilities.update_rule
-
-
-def _check_requirements(require: tuple[str, ...], out: _Collector) -> None:
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    for i, text in enumerate(require):
-        path = f"gradpipe.require[{i}]"
-        try:
-            req = Requirement(text)
-        except InvalidRequirement as exc:
-            out.add(path, f"not a valid requirement {text!r}: {exc}")
-            continue
-        try:
-            installed = metadata.version(req.name)
-        except metadata.PackageNotFoundError:
-            out.add(path, f"plugin {req.name!r} is required ({text!r}) but not "
-                    f"installed: pip install '{text}'")
-            continue
-        if req.specifier and not req.specifier.contains(installed, prereleases=True):
-            out.add(path, f"{req.name} {installed} is installed, but the pipeline "
-                    f"wants {req.name}{req.specifier}")
-
-
-def _check_lock(lock: Any, registry: Registry, out: _Collector) -> None:
-    if lock is None:
-        return
-    if not isinstance(lock, Mapping):
-        out.add("lock", f"must be a table of distribution = version, got {_type_name(lock)}")
-        return
-    # The versions of the plugins that are actually loaded come first; metadata
-    # covers distributions that provide no component of this pipeline.
-    loaded = {r.provider.dist: r.provider.version for r in registry.plugins}
-    for dist, version in lock.items():
-        try:
-            installed = loaded.get(dist) or metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out.add(f"lock.{dist}", f"locked {dist} {version} is not installed")
-            continue
-        if installed != version:
-            out.add(f"lock.{dist}", f"locked {dist} {version}, but {installed} is "
-                    "installed; reinstall that version or remove the [lock] entry")
 
 
 class _SpecBuilder:

@@ -70,6 +70,26 @@ def test_check_errors_exit_1_and_list_all(write_toml):
     assert as_json["errors"][0]["line"] == 3
 
 
+def test_check_and_run_refuse_a_chain_without_an_update_rule(write_toml):
+    """`check` finds it without TensorFlow, and `run` never starts training."""
+    path = write_toml("""
+        [problem]
+        kind = "quadratic"
+
+        [[transforms]]
+        kind = "clip_by_global_norm"
+        clip_norm = 1.0
+    """)
+    code = ("import sys; from gradpipe.cli import main; rc = main(sys.argv[1:]); "
+            "assert 'tensorflow' not in sys.modules; sys.exit(rc)")
+    for command in ("check", "run"):
+        result = subprocess.run([sys.executable, "-c", code, command, str(path)],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        assert f"{path}:4: transforms: no update rule in the chain" in result.stderr
+        assert "such as 'adam' or 'sgd' as the last transform" in result.stderr
+
+
 @pytest.mark.parametrize("command", [["plugins", "--all"], ["check", "QUICKSTART"]])
 def test_listing_and_checking_do_not_import_tensorflow(command):
     """`plugins` and `check` stay fast: TensorFlow is never imported."""

@@ -114,6 +114,34 @@ class TestErrors:
         with pytest.raises(ConfigError, match="at least one"):
             gradpipe.parse({})
 
+    def test_a_chain_without_an_update_rule_is_an_error(self, write_toml):
+        """Clipping alone would move every variable by its clipped gradient at a rate
+        of 1: an error at the chain, naming the fix, before anything is built."""
+        path = write_toml("""
+            [schedules.lr]
+            kind = "fixed_lr"
+            learning_rate = 0.1
+
+            [[transforms]]
+            kind = "clip_by_global_norm"
+            clip_norm = 1.0
+        """)
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse(path)
+        [problem] = info.value.problems
+        assert (problem.file, problem.line, problem.path) == (str(path), 5, "transforms")
+        assert "no update rule in the chain: 'clip_by_global_norm' at transforms[0]" \
+            in problem.message
+        assert "Add an update rule such as 'adam' or 'sgd' as the last transform" \
+            in problem.message
+
+    def test_a_chain_missing_a_table_is_not_blamed_for_its_rule(self):
+        """An update rule that fails validation is reported, not called missing."""
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse({"transforms": [{"kind": "clip_by_norm", "clip_norm": 1.0},
+                                           {"kind": "adma"}]})
+        assert [p.path for p in info.value.problems] == ["transforms[1].kind"]
+
     def test_enum_suggestion(self):
         with pytest.raises(ConfigError, match="did you mean 'mean'"):
             gradpipe.parse({"placement": {"kind": "default", "reduction": "maen"},

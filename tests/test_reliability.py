@@ -70,7 +70,7 @@ def _checked_copy(kind: str) -> str:
     from gradpipe.plugins import adam, sgd
 
     factory, config = {"adam": (adam.adam, adam.AdamConfig), "sgd": (sgd.sgd, sgd.SGDConfig)}[kind]
-    _in_process_plugin(f"{kind}_checked", factory, config)
+    _in_process_plugin(f"{kind}_checked", factory, config, update_rule=True)
     return f"{kind}_checked"
 
 
