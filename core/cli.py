@@ -229,10 +229,14 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_from_keras(args: argparse.Namespace) -> int:
-    from .from_keras import pipeline_toml
+    from .from_keras import pipeline_toml, read_optimizer_config, saved_pipeline_toml
 
-    import_tensorflow_quietly()
-    text = pipeline_toml(args.config)
+    data = read_optimizer_config(args.config)
+    # A model compiled with pipe.keras_optimizer() holds its pipeline's TOML: no Keras
+    # (and no TensorFlow) is needed to print it.
+    if saved_pipeline_toml(data, args.config) is None:
+        import_tensorflow_quietly()
+    text = pipeline_toml(args.config, data)
     if args.output:
         with open(args.output, "w") as out:
             out.write(text)

@@ -32,7 +32,10 @@ from .keras_mapping import (
     tf_name_pattern,
 )
 
-__all__ = ["from_keras", "pipeline_toml", "read_optimizer_config"]
+__all__ = ["from_keras", "pipeline_toml", "read_optimizer_config", "saved_pipeline_toml"]
+
+#: The name Keras saves ``pipe.keras_optimizer()`` under (Keras 3 and tf-keras alike).
+PIPELINE_OPTIMIZER = "gradpipe>PipelineOptimizer"
 
 _NOT_ZERO = "must be 0 or None"
 
@@ -277,12 +280,33 @@ def read_optimizer_config(path: str | Path) -> Any:
     return data
 
 
-def pipeline_toml(path: str | Path) -> str:
-    """``gradpipe from-keras``: the TOML of the optimizer in ``path``."""
+def saved_pipeline_toml(data: Any, path: str | Path) -> str | None:
+    """The pipeline TOML a gradpipe optimizer's config holds (a model compiled with
+    ``pipe.keras_optimizer()``), or ``None`` for any other optimizer.
+
+    Keras cannot rebuild that optimizer without gradpipe's class, and there is
+    nothing to translate: the config is the resolved pipeline file itself.
+    """
+    if not isinstance(data, Mapping) or not (
+            data.get("registered_name") == PIPELINE_OPTIMIZER
+            or data.get("class_name") == PIPELINE_OPTIMIZER.partition(">")[2]):
+        return None
+    toml = (data.get("config") or {}).get("pipeline_toml")
+    if not isinstance(toml, str):
+        raise GradpipeError(f"{path}: its gradpipe optimizer config has no pipeline_toml")
+    return f"# The pipeline stored in {Path(path).name} (gradpipe from-keras).\n{toml}"
+
+
+def pipeline_toml(path: str | Path, data: Any = None) -> str:
+    """``gradpipe from-keras``: the TOML of the optimizer in ``path`` (``data``: its
+    config, where already read)."""
+    data = read_optimizer_config(path) if data is None else data
+    saved = saved_pipeline_toml(data, path)
+    if saved is not None:
+        return saved
     import keras
     import tomli_w
 
-    data = read_optimizer_config(path)
     try:
         optimizer = keras.optimizers.get(data)
     except (ValueError, TypeError) as exc:

@@ -272,3 +272,21 @@ def test_from_keras_cli_names_the_unsupported_setting(tmp_path, capsys):
     source.write_text(json.dumps(K.serialize(K.Adam(use_ema=True))))
     assert main(["from-keras", str(source)]) == 1
     assert "use_ema" in capsys.readouterr().err
+
+
+def test_from_keras_cli_prints_the_pipeline_a_keras_file_holds(tmp_path, capsys):
+    """A model compiled with pipe.keras_optimizer() saves its pipeline's TOML: the
+    command writes that one (Keras could not rebuild the optimizer by itself)."""
+    pipe = gradpipe.build({"transforms": [{"kind": "clip_by_global_norm", "clip_norm": 1.0},
+                                          {"kind": "adam", "learning_rate": 0.01}]})
+    m = model()
+    m.compile(optimizer=pipe.keras_optimizer(), loss="mse")
+    m.save(tmp_path / "m.keras")
+    out = tmp_path / "pipe.toml"
+    assert main(["from-keras", str(tmp_path / "m.keras"), "-o", str(out)]) == 0
+    assert gradpipe.parse(out) == pipe.spec
+    capsys.readouterr()
+    assert main(["from-keras", str(tmp_path / "m.keras")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("# The pipeline stored in m.keras (gradpipe from-keras).\n")
+    assert gradpipe.parse(tomllib.loads(printed)) == pipe.spec
