@@ -13,12 +13,17 @@ from .errors import ConfigError, GradpipeError, PlacementError, PluginError
 from .fields import FieldError, hyperparameter, schedule_field
 from .from_keras import from_keras
 from .hookspecs import PLUGIN_API_VERSION, hookimpl, hookspec
+from .keras_saving import register_on_keras_import
 from .transform import Transform, hyper, map_grads, no_state, one_minus, schedule, shared
 
 if TYPE_CHECKING:
     from ._engine.pipeline import Pipeline
 
 __version__ = "0.1.0"
+
+# A model saved with pipe.keras_optimizer() then loads after `import gradpipe` alone;
+# Keras (and so TensorFlow) is still imported only by whoever imports it.
+register_on_keras_import()
 
 __all__ = [
     "PLUGIN_API_VERSION",

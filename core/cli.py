@@ -229,7 +229,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_from_keras(args: argparse.Namespace) -> int:
-    from .from_keras import pipeline_toml, read_optimizer_config, saved_pipeline_toml
+    from .from_keras import pipeline_toml
+    from .keras_saving import read_optimizer_config, saved_pipeline_toml
 
     data = read_optimizer_config(args.config)
     # A model compiled with pipe.keras_optimizer() holds its pipeline's TOML: no Keras

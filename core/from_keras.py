@@ -14,7 +14,6 @@ Imports Keras (and so TensorFlow) when called, never on ``import gradpipe``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,9 @@ from .keras_mapping import (
     short_name_pattern,
     tf_name_pattern,
 )
+from .keras_saving import read_optimizer_config, saved_pipeline_toml
 
 __all__ = ["from_keras", "pipeline_toml", "read_optimizer_config", "saved_pipeline_toml"]
-
-#: The name Keras saves ``pipe.keras_optimizer()`` under (Keras 3 and tf-keras alike).
-PIPELINE_OPTIMIZER = "gradpipe>PipelineOptimizer"
 
 _NOT_ZERO = "must be 0 or None"
 
@@ -257,44 +254,6 @@ class _Translation:
             self.fail("exclude_from_weight_decay", why)
             return []
         return [out]
-
-
-def read_optimizer_config(path: str | Path) -> Any:
-    """The serialized optimizer in a file: ``keras.optimizers.serialize`` output as
-    JSON, a model config whose ``compile_config`` has one, or a ``.keras`` archive."""
-    import zipfile
-
-    try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as archive:
-                data = json.loads(archive.read("config.json"))
-        else:
-            data = json.loads(Path(path).read_text())
-    except (OSError, KeyError, ValueError) as exc:
-        raise GradpipeError(f"{path}: cannot read a Keras optimizer config: {exc}") from None
-    if isinstance(data, dict) and "compile_config" in data:
-        data = (data["compile_config"] or {}).get("optimizer")
-    if not isinstance(data, (dict, str)):
-        raise GradpipeError(f"{path}: no optimizer config in it (a dict from "
-                            "keras.optimizers.serialize, or a model's compile_config)")
-    return data
-
-
-def saved_pipeline_toml(data: Any, path: str | Path) -> str | None:
-    """The pipeline TOML a gradpipe optimizer's config holds (a model compiled with
-    ``pipe.keras_optimizer()``), or ``None`` for any other optimizer.
-
-    Keras cannot rebuild that optimizer without gradpipe's class, and there is
-    nothing to translate: the config is the resolved pipeline file itself.
-    """
-    if not isinstance(data, Mapping) or not (
-            data.get("registered_name") == PIPELINE_OPTIMIZER
-            or data.get("class_name") == PIPELINE_OPTIMIZER.partition(">")[2]):
-        return None
-    toml = (data.get("config") or {}).get("pipeline_toml")
-    if not isinstance(toml, str):
-        raise GradpipeError(f"{path}: its gradpipe optimizer config has no pipeline_toml")
-    return f"# The pipeline stored in {Path(path).name} (gradpipe from-keras).\n{toml}"
 
 
 def pipeline_toml(path: str | Path, data: Any = None) -> str:

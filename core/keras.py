@@ -3,9 +3,10 @@
 A model saved with ``pipe.keras_optimizer()`` names its optimizer class
 ``gradpipe>PipelineOptimizer``. Keras resolves such a name only after the
 class is registered, which happens when a process first makes a pipeline's
-Keras optimizer. A script that only loads the model imports this module first::
+Keras optimizer, or imports this module. A script that only loads the model
+need not: ``import gradpipe`` is enough (:mod:`gradpipe.keras_saving`)::
 
-    import gradpipe.keras  # noqa: F401 (registers the optimizer with Keras)
+    import gradpipe  # noqa: F401 (lets Keras load gradpipe's optimizer)
     model = keras.models.load_model("model.keras")
 
 It registers the class of the Keras that ``tf.keras`` resolves to: Keras 3, or

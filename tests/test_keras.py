@@ -142,6 +142,31 @@ np.savez({str(tmp_path / "w.npz")!r}, *m.get_weights())
                  rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("imports", [
+    "import keras, gradpipe",
+    "import gradpipe; assert 'keras' not in sys.modules; import keras",
+], ids=["keras_first", "gradpipe_first"])
+def test_a_new_process_loads_the_model_after_import_gradpipe_alone(tmp_path, imports):
+    """`import gradpipe`, before or after Keras, is enough to load a saved pipeline
+    optimizer, and still imports no TensorFlow itself."""
+    import subprocess
+    import sys
+
+    m = fit(model(), gradpipe.build(CLIP_ADAM).keras_optimizer())
+    m.save(tmp_path / "m.keras")
+    code = f"""
+import sys
+{imports}
+m = keras.models.load_model({str(tmp_path / "m.keras")!r})
+assert type(m.optimizer).__name__ == "PipelineOptimizer", type(m.optimizer)
+assert int(m.optimizer.iterations.numpy()) == 16
+assert "gradpipe.keras" not in sys.modules
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 def test_loading_a_different_layout_names_the_difference():
     pipe = gradpipe.build(CLIP_ADAM)
     optimizer = pipe.keras_optimizer()

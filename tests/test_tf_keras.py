@@ -90,3 +90,28 @@ def test_tfrs_ranking_model_with_clippy_adagrad_matches_tfrs(measured):
     assert ranking["difference"] <= 1e-6 * max(1.0, ranking["largest_weight"])
     assert ranking["our_loss"] == pytest.approx(ranking["native_loss"], rel=1e-6)
     assert ranking["our_loss"][-1] < ranking["our_loss"][0]
+
+
+def test_a_new_process_loads_a_tf_keras_model_after_import_gradpipe_alone(tmp_path):
+    """Under tf-keras too, `import gradpipe` is all a loading script needs."""
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    path = str(tmp_path / "m.keras")
+    save = f"""
+import numpy as np, tensorflow as tf, gradpipe
+m = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1)])
+m.compile(optimizer=gradpipe.build({{"transforms": [{{"kind": "adam"}}]}}).keras_optimizer(),
+          loss="mse")
+m.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=4, verbose=0)
+m.save({path!r})
+"""
+    load = f"""
+import sys, gradpipe, tensorflow as tf
+m = tf.keras.models.load_model({path!r})
+assert type(m.optimizer).__module__ == "gradpipe._engine.tf_keras_adapter", type(m.optimizer)
+assert int(m.optimizer.iterations.numpy()) == 2
+assert "gradpipe.keras" not in sys.modules
+"""
+    for code in (save, load):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
