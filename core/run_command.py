@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .cli_args import pipeline_file_or_folder
 from .errors import GradpipeError
 
 #: The built-in problems' own step counts (a test holds this to the problems).
@@ -24,7 +25,7 @@ DEFAULT_STEPS_HELP = ("quadratic 500, digits 600, noisy_quadratic 1000, rosenbro
 
 def add_run_parser(sub: Any) -> None:
     p = sub.add_parser("run", help="run pipelines on a built-in problem and compare them")
-    p.add_argument("files", nargs="+", metavar="FILE",
+    p.add_argument("files", nargs="+", metavar="FILE", type=pipeline_file_or_folder,
                    help="pipeline files, or the folder of an earlier --output to rerun it")
     p.add_argument("--problem", help="problem name (default: the one the files name)")
     p.add_argument("--steps", type=int, default=None,

@@ -90,6 +90,22 @@ def test_check_and_run_refuse_a_chain_without_an_update_rule(write_toml):
         assert "such as 'adam' or 'sgd' as the last transform" in result.stderr
 
 
+@pytest.mark.parametrize("command", ["run", "check", "schedule"])
+def test_a_missing_file_is_a_usage_error_naming_the_nearest_one(command):
+    """A typo in the file name exits 2 (usage), not 1 (an invalid pipeline), and
+    suggests the file that is there."""
+    typo = str(ROOT / "examples" / "quickstar.toml")
+    result = gradpipe_cli(command, typo, *(["--steps", "3"] if command == "schedule" else []))
+    assert result.returncode == 2, result.stderr
+    assert (f"{typo}: no such file (did you mean "
+            f"{str(ROOT / 'examples' / 'quickstart.toml')!r}?)") in result.stderr
+    assert "problem(s) in the pipeline" not in result.stderr
+    elsewhere = gradpipe_cli(command, str(ROOT / "nowhere" / "x.toml"),
+                             *(["--steps", "3"] if command == "schedule" else []))
+    assert elsewhere.returncode == 2
+    assert "no such file: there is no folder" in elsewhere.stderr
+
+
 @pytest.mark.parametrize("command", [["plugins", "--all"], ["check", "QUICKSTART"]])
 def test_listing_and_checking_do_not_import_tensorflow(command):
     """`plugins` and `check` stay fast: TensorFlow is never imported."""
