@@ -13,6 +13,28 @@ from gradpipe import hookspecs
 from gradpipe.cli import _parser
 
 
+@pytest.mark.subprocess
+def test_every_python_block_of_the_docs_runs(tmp_path):
+    """Each page's ```python blocks run in order in one namespace, from a folder that
+    holds the examples and a pipe.toml, the file the pages call yours. A fragment on
+    purpose follows a <!-- no-run --> line."""
+    import json
+    import shutil
+
+    pages = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+    pages = [p for p in pages if "```python" in p.read_text()]
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    shutil.copy(ROOT / "examples" / "quickstart.toml", tmp_path / "pipe.toml")
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "doc_blocks.py"),
+                             str(tmp_path / "out.json"), *map(str, pages)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    failed = {page: error for page, error in json.loads(
+        (tmp_path / "out.json").read_text()).items() if error}
+    assert not failed, "\n\n".join(failed.values())
+    assert sum(p.read_text().count("<!-- no-run -->") for p in pages) <= 3
+
+
 def test_mkdocs_builds_strict(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
                              "-d", str(tmp_path / "site")], cwd=ROOT, capture_output=True,
