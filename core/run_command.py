@@ -173,8 +173,14 @@ def _with_placement(run: Any, kind: str) -> Any:
     return attrs.evolve(run, spec=attrs.evolve(run.spec, placement=placement))
 
 
+#: What the text summary prints for a value that is missing (``None`` in JSON). A key
+#: not listed is left out then: "converged  no" already says no criterion fired.
+_MISSING = {"first_step_at_target": "never reached"}
+
+
 def format_summary(summary: dict[str, Any]) -> str:
-    rows = [(key.replace("_", " "), _fmt(value)) for key, value in summary.items()]
+    rows = [(key.replace("_", " "), _MISSING[key] if value is None else _fmt(value))
+            for key, value in summary.items() if value is not None or key in _MISSING]
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 2 + max(len(v) for _, v in rows))
     return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])

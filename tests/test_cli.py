@@ -138,6 +138,18 @@ def test_run_other_problem_and_text_summary():
     assert "steps                 50" in result.stdout
 
 
+def test_run_summary_says_what_did_not_happen_without_printing_none():
+    """No criterion fired and the target was never reached: the text says so in
+    words (JSON keeps null)."""
+    result = gradpipe_cli("run", str(ROOT / "examples" / "quickstart.toml"), "--quiet",
+                          "--problem", "rosenbrock", "--steps", "5")
+    assert result.returncode == 0, result.stderr
+    assert "None" not in result.stdout
+    assert "converged             no" in result.stdout
+    assert "converged by" not in result.stdout
+    assert "first step at target  never reached" in result.stdout
+
+
 def test_run_without_problem_is_clear(write_toml):
     path = write_toml('[[transforms]]\nkind = "sgd"\n')
     result = gradpipe_cli("run", str(path))
