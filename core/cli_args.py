@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import difflib
 from pathlib import Path
+from typing import Any
 
-__all__ = ["pipeline_file", "pipeline_file_or_folder"]
+__all__ = ["SetOnce", "pipeline_file", "pipeline_file_or_folder"]
 
 
 def pipeline_file(text: str) -> str:
@@ -43,3 +44,35 @@ def _missing(path: Path, text: str, folders: bool) -> str:
     # Keep the user's own spelling of the folder: "examples/x", not "/abs/examples/x".
     hint = f" (did you mean {str(Path(text).with_name(close[0]))!r}?)" if close else ""
     return f"{text}: no such file{hint}"
+
+
+class SetOnce(argparse.Action):
+    """``--set``, repeatable, but each key once: a second value for a key (or for a key
+    inside a table another ``--set`` replaces) would silently win over the first."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        given = list(getattr(namespace, self.dest, None) or [])  # never argparse's default
+        for earlier in given:
+            clash = _clash(earlier, values)
+            if clash:
+                parser.error(clash)
+        setattr(namespace, self.dest, [*given, values])
+
+
+def _clash(first: Any, second: Any) -> str | None:
+    """Why two overrides (:class:`gradpipe.overrides.Override`) cannot both apply."""
+    if first.path == second.path:
+        values = ",".join(_raw(o.argument) for o in (first, second))
+        return (f"--set {first.path} is given twice ({first.argument} and "
+                f"{second.argument}): give it once, or sweep the values with "
+                f"--set {first.path}={values}")
+    outer, inner = sorted((first, second), key=lambda o: len(o.path))
+    if inner.path.startswith((outer.path + ".", outer.path + "[")):
+        return (f"--set {outer.path} and --set {inner.path} both set {inner.path}: "
+                "give one of them")
+    return None
+
+
+def _raw(argument: str) -> str:
+    return argument.partition("=")[2].strip()

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .cli_args import pipeline_file_or_folder
+from .cli_args import SetOnce, pipeline_file_or_folder
 from .errors import GradpipeError
 
 #: The built-in problems' own step counts (a test holds this to the problems).
@@ -30,11 +30,11 @@ def add_run_parser(sub: Any) -> None:
     p.add_argument("--problem", help="problem name (default: the one the files name)")
     p.add_argument("--steps", type=int, default=None,
                    help=f"number of steps (default: the problem's own: {DEFAULT_STEPS_HELP})")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", action=SetOnce, default=[], metavar="KEY=VALUE",
                    type=_override,
                    help="override a value by its key path, e.g. "
                         "transforms[1].learning_rate=3e-3; KEY=V1,V2 sweeps the values, and "
-                        "several sweeps form a grid (repeatable)")
+                        "several sweeps form a grid (repeatable, each key once)")
     p.add_argument("--seed", type=int, default=None,
                    help="the first seed: TensorFlow's, and added to the problem's own seed "
                         "(default 0)")

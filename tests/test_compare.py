@@ -123,6 +123,22 @@ def test_bad_input_is_refused_before_any_step(tmp_path, args, expected):
     assert not (tmp_path / "out").exists()  # nothing written
 
 
+@pytest.mark.parametrize("sets, expected", [
+    (["transforms[0].clip_norm=1", "transforms[0].clip_norm=2"],
+     "--set transforms[0].clip_norm is given twice (transforms[0].clip_norm=1 and "
+     "transforms[0].clip_norm=2): give it once, or sweep the values with "
+     "--set transforms[0].clip_norm=1,2"),
+    (["transforms[0].clip_norm=1", 'transforms[0]={kind="clip_by_norm", clip_norm=2.0}'],
+     "--set transforms[0] and --set transforms[0].clip_norm both set "
+     "transforms[0].clip_norm: give one of them"),
+])
+def test_the_same_key_set_twice_is_a_usage_error(sets, expected):
+    """The last value used to win silently; now neither does, and the key is named."""
+    result = run(EXAMPLES / "quickstart.toml", *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+
+
 def test_digits_reports_test_accuracy():
     result = run(EXAMPLES / "quickstart.toml", "--problem", "digits", "--steps", "150",
                  "--json", "--quiet")
