@@ -78,11 +78,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", action="store_true",
                    help="build the pipeline (imports TensorFlow) and print how its step "
                         "runs, with a reason for each choice")
-    p.add_argument("--problem", help="with --plan: plan for this problem's variables "
-                                     "(default: the file's [problem])")
-    p.add_argument("--shapes", metavar="SHAPES",
-                   help="with --plan: plan for float32 variables of these shapes, "
-                        "e.g. 784x256,256,256x10,10")
+    # Either one only means something to a plan, so it asks for one: ignoring it
+    # would print the resolved file and say nothing of the shapes given.
+    variables = p.add_mutually_exclusive_group()
+    variables.add_argument("--problem", help="plan for this problem's variables (implies "
+                                             "--plan; default: the file's [problem])")
+    variables.add_argument("--shapes", metavar="SHAPES",
+                           help="plan for float32 variables of these shapes (implies "
+                                "--plan), e.g. 784x256,256,256x10,10; SHAPE*N is N "
+                                "variables of one shape: 800x500*50")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("schedule", help="evaluate (and plot) the schedules of a file")
@@ -172,7 +176,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .api import parse
 
     spec = parse(args.file)
-    if args.plan:
+    if args.plan or args.problem or args.shapes:
         from .runner import plan_problem
 
         shapes = _shapes(args.shapes) if args.shapes else None
@@ -190,13 +194,23 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _shapes(text: str) -> list[list[int]]:
+    """``784x256,256`` or ``800x500*50,500*50``: one shape per variable, where
+    ``SHAPE*N`` stands for N variables of that shape."""
+    shapes: list[list[int]] = []
     try:
-        shapes = [[int(d) for d in part.split("x")] for part in text.split(",")]
+        for part in text.split(","):
+            shape, star, count = part.partition("*")
+            dims = [int(d) for d in shape.split("x")]
+            repeat = int(count) if star else 1
+            if repeat < 1:
+                raise ValueError(count)
+            shapes += [list(dims) for _ in range(repeat)]
     except ValueError:
         shapes = []
     if not shapes or any(d <= 0 for s in shapes for d in s):
         raise GradpipeError(f"--shapes {text!r}: give variable shapes as dimensions "
-                            "joined by x, separated by commas: 784x256,256,256x10,10")
+                            "joined by x, separated by commas, SHAPE*N for N variables "
+                            "of one shape: 784x256,256,256x10,10 or 800x500*50,500*50")
     return shapes
 
 

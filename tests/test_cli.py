@@ -52,6 +52,19 @@ def test_check_plan_shows_each_choice_with_its_reason():
     assert wrong.returncode == 1 and "--shapes '7x'" in wrong.stderr
 
 
+def test_check_shapes_repeat_a_shape_and_imply_plan():
+    """`--shapes 64x64*20,10` is 21 variables, and plans without --plan (it was
+    ignored); `--problem` with `--shapes` is a usage error."""
+    example = str(ROOT / "examples" / "quickstart.toml")
+    planned = gradpipe_cli("check", example, "--shapes", "64x64*20,10")
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.startswith("plan for 21 variables, 81,930 parameters:\n")
+    both = gradpipe_cli("check", example, "--shapes", "10", "--problem", "rosenbrock")
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    wrong = gradpipe_cli("check", example, "--shapes", "64x64*0")
+    assert wrong.returncode == 1 and "SHAPE*N for N variables of one shape" in wrong.stderr
+
+
 def test_check_errors_exit_1_and_list_all(write_toml):
     path = write_toml("""
         [[transforms]]
