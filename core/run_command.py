@@ -48,6 +48,9 @@ def add_run_parser(sub: Any) -> None:
     p.add_argument("--output", metavar="DIR",
                    help="write the resolved pipelines, the table (JSON, CSV), every step's "
                         "values (CSV) and the plot here; gradpipe run DIR reruns it")
+    p.add_argument("--check", action="store_true",
+                   help="with gradpipe run DIR: exit 1 when the rerun's numbers differ "
+                        "from the ones the folder saved")
     p.add_argument("--overwrite", action="store_true",
                    help="with --output: replace a folder that holds an earlier run "
                         "and nothing else")
@@ -105,30 +108,18 @@ def _override(text: str) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .experiment import format_table, plan_runs, run_all, table_rows
-    from .run_folder import check_outputs, draw, read_rerun, summary_document, write_output
+    from .rerun import compare, format_report, matches
+    from .run_folder import check_outputs, draw, summary_document, write_output
 
-    files, labels, steps = list(args.files), None, args.steps
-    first, count = args.seed, args.seeds
-    folders = [f for f in files if Path(f).is_dir()]
-    if folders and len(files) > 1:
-        raise GradpipeError(f"{folders[0]} is a folder: rerun a folder of an earlier "
-                            "--output alone (gradpipe run DIR), not with other files")
-    if folders:
-        record = read_rerun(files[0])
-        files, labels = record["files"], record["labels"]
-        steps = record["steps"] if steps is None else steps
-        if first is None and count is None:
-            first, count = record["seeds"][0], len(record["seeds"])
-    if count is not None and count < 1:
-        raise GradpipeError(f"--seeds {count}: give at least 1")
-    seeds = list(range(first or 0, (first or 0) + (count or 1)))
+    files, labels, steps, seeds, saved = _rerun_or_files(args)
     runs = plan_runs(files, args.set, args.problem, labels)
     if args.placement:
         runs = [_with_placement(run, args.placement) for run in runs]
-    single = len(runs) == 1 and len(seeds) == 1 and not args.output
+    # A folder reruns as it ran, a comparison, even of one run: its table is compared.
+    single = len(runs) == 1 and len(seeds) == 1 and not (args.output or saved)
     if args.checkpoint_dir and not single:
         raise GradpipeError("--checkpoint-dir resumes one run: give one pipeline, one seed, "
-                            "no sweep and no --output")
+                            "no sweep, no --output and no folder to rerun")
     check_outputs(args.output, args.overwrite, args.plot, args.logdir)
     import_tensorflow_quietly(runs[0].spec)
     progress = not (args.quiet or args.json)
@@ -136,13 +127,61 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_one(args, runs[0], steps, seeds[0], progress)
     outcomes = run_all(runs, steps=steps, seeds=seeds, progress=progress, logdir=args.logdir)
     rows = table_rows(outcomes)
-    print(json.dumps(summary_document(outcomes, rows), indent=2) if args.json
-          else format_table(rows))
+    document = summary_document(outcomes, rows)
+    report = compare(saved, outcomes) if saved else None
+    if args.json:
+        extra = {"rerun": {"folder": args.files[0], "match": matches(report),
+                           "runs": report}} if report is not None else {}
+        print(json.dumps({**document, **extra}, indent=2))
+    else:
+        print(format_table(rows))
+        if report is not None:
+            print(format_report(args.files[0], report))
     if args.plot:
         draw(outcomes, args.plot)
     if args.output:
         write_output(args.output, outcomes, rows, steps=steps, seeds=seeds)
-    return 0
+    return 1 if args.check and report is not None and not matches(report) else 0
+
+
+def _rerun_or_files(args: argparse.Namespace) -> tuple[Any, ...]:
+    """``(files, labels, steps, seeds, saved)``: the files given, or those of the
+    folder to rerun with its steps, seeds and saved results (``saved`` is ``None``
+    where the options make the rerun another run, which is then said on stderr)."""
+    from .rerun import changed_by, read_saved
+    from .run_folder import read_rerun
+
+    files, labels, steps = list(args.files), None, args.steps
+    first, count = args.seed, args.seeds
+    folders = [f for f in files if Path(f).is_dir()]
+    if folders and len(files) > 1:
+        raise GradpipeError(f"{folders[0]} is a folder: rerun a folder of an earlier "
+                            "--output alone (gradpipe run DIR), not with other files")
+    if args.check and not folders:
+        raise GradpipeError("--check compares a rerun with the numbers its folder saved: "
+                            "give the folder of an earlier --output (gradpipe run DIR)")
+    record = read_rerun(files[0]) if folders else None
+    if record is not None:
+        files, labels = record["files"], record["labels"]
+        steps = record["steps"] if steps is None else steps
+        if first is None and count is None:
+            first, count = record["seeds"][0], len(record["seeds"])
+    if count is not None and count < 1:
+        raise GradpipeError(f"--seeds {count}: give at least 1")
+    seeds = list(range(first or 0, (first or 0) + (count or 1)))
+    if record is None:
+        return files, labels, steps, seeds, None
+    changed = changed_by(record, steps=steps, seeds=seeds, options={
+        "--set": " ".join(o.argument for o in args.set), "--problem": args.problem,
+        "--placement": args.placement})
+    if changed and args.check:
+        raise GradpipeError(f"--check compares the rerun with the saved run, and {changed} "
+                            "makes it another run: leave it out")
+    if changed:
+        print(f"not compared with the saved numbers: {changed} makes it another run",
+              file=sys.stderr)
+        return files, labels, steps, seeds, None
+    return files, labels, steps, seeds, read_saved(args.files[0])
 
 
 def _run_one(args: argparse.Namespace, run: Any, steps: int | None, seed: int,

@@ -190,3 +190,46 @@ def test_outputs_are_checked_before_the_first_step_and_never_replace_other_files
     mixed = run(out, quickstart)
     assert mixed.returncode == 1 and "rerun a folder of an earlier --output alone" in \
         mixed.stderr
+
+
+def test_a_rerun_says_whether_it_matches_the_saved_numbers_and_check_fails_if_not(
+        tmp_path):
+    """`gradpipe run DIR` compares the rerun with what the folder saved, run by run
+    and value by value; --check exits 1 on a difference."""
+    out = tmp_path / "out"
+    first = run(EXAMPLES / "quickstart.toml", "--steps", "20", "--seeds", "2",
+                "--output", out, "--quiet")
+    assert first.returncode == 0, first.stderr
+    same = run(out, "--check", "--quiet")
+    assert same.returncode == 0, same.stderr
+    assert f"rerun of {out}: all 2 runs match the saved numbers" in same.stdout
+
+    summary = json.loads((out / "summary.json").read_text())
+    saved_loss = summary["runs"][1]["final_loss"]
+    summary["runs"][1]["final_loss"] = saved_loss * 2
+    (out / "summary.json").write_text(json.dumps(summary))
+    lines = (out / "history.csv").read_text().splitlines()
+    row = lines[3].split(",")  # quickstart, seed 0, step 3
+    row[3] = str(float(row[3]) + 0.5)
+    lines[3] = ",".join(row)
+    (out / "history.csv").write_text("\n".join(lines) + "\n")
+
+    checked = run(out, "--check", "--quiet", "--json")
+    assert checked.returncode == 1, checked.stderr
+    report = json.loads(checked.stdout)["rerun"]
+    assert not report["match"]
+    assert [(r["pipeline"], r["seed"], [d["value"] for d in r["differences"]])
+            for r in report["runs"]] == [("quickstart", 0, ["loss"]),
+                                         ("quickstart", 1, ["final_loss"])]
+    told = run(out, "--quiet")
+    assert told.returncode == 0, told.stderr  # without --check it says so, and goes on
+    assert f"rerun of {out}: 2 of 2 runs differ from the saved numbers:" in told.stdout
+    assert f"final_loss: {saved_loss:.7g} now, {saved_loss * 2:.7g} saved (" in told.stdout
+    assert "loss at 1 step from step 3: " in told.stdout and "(-0.5, relative" in told.stdout
+
+    other = run(out, "--check", "--steps", "10")
+    assert other.returncode == 1 and "--steps 10 (the saved run has 20) makes it another" \
+        " run" in other.stderr
+    assert "step/s" not in other.stderr  # refused before it trained
+    files = run(EXAMPLES / "quickstart.toml", "--check")
+    assert files.returncode == 1 and "give the folder of an earlier --output" in files.stderr
