@@ -108,30 +108,35 @@ class Outcome:
 
 def run_all(runs: Sequence[PlannedRun], *, steps: int | None, seeds: Sequence[int],
             progress: bool, logdir: str | None) -> list[Outcome]:
-    """Train every row once per seed, in order."""
+    """Train every row once per seed, in order; ``progress``: show each run's, and
+    that of them all."""
+    from .progress import Overall
     from .runner import check_builds, train
 
-    for run in runs:  # a pipeline that cannot build here fails before any step
-        check_builds(run.spec, run.problem)
+    # a pipeline that cannot build here fails before any step
+    defaults = [check_builds(run.spec, run.problem) for run in runs]
+    budgets = [steps if steps is not None else default for default in defaults]
+    overall = Overall([b for b in budgets for _ in seeds], enabled=progress)
     outcomes = []
     total = len(runs) * len(seeds)
-    for number, run in enumerate(runs):
+    for number, (run, budget) in enumerate(zip(runs, budgets)):
         summaries, histories, metric = [], [], None
         for s, seed in enumerate(seeds):
-            index = number * len(seeds) + s + 1
-            tag = run.label + (f" seed {seed}" if len(seeds) > 1 else "")
+            tag = (f"[{number * len(seeds) + s + 1}/{total}] {run.label}"
+                   + (f" seed {seed}" if len(seeds) > 1 else ""))
             where = None
             if logdir:
                 where = str(Path(logdir) / file_name(run.label) /
                             (f"seed_{seed}" if len(seeds) > 1 else ""))
             result = train(run.spec, run.problem, steps=steps, seed=seed,
-                           progress=f"[{index}/{total}] {tag}" if progress else None,
-                           logdir=where)
+                           progress=tag if progress else None, logdir=where, overall=overall)
+            overall.finished(tag, budget, result.summary, result.metric)
             summaries.append(result.summary)
             histories.append(result.history)
             metric = result.metric
         outcomes.append(Outcome(run=run, seeds=tuple(seeds), summaries=tuple(summaries),
                                 histories=tuple(histories), metric=metric))
+    overall.close()
     return outcomes
 
 

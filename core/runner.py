@@ -10,7 +10,7 @@ import attrs
 
 from .components import build_component
 from .errors import ConfigError
-from .progress import Progress
+from .progress import Overall, Progress
 from .spec import ComponentSpec, PipelineSpec
 
 DEFAULT_STEPS = 500
@@ -40,11 +40,12 @@ def built_on(spec: PipelineSpec, problem_spec: ComponentSpec) -> tuple[Any, Any]
     return pipe, task
 
 
-def check_builds(spec: PipelineSpec, problem_spec: ComponentSpec) -> None:
+def check_builds(spec: PipelineSpec, problem_spec: ComponentSpec) -> int:
     """Build the pipeline for the problem's variables and throw both away: what only
     the variables can tell (a ``freeze`` or ``exclude`` pattern that matches none)
-    fails now, not after the runs before it."""
-    built_on(spec, problem_spec)
+    fails now, not after the runs before it. The problem's own number of steps."""
+    _, task = built_on(spec, problem_spec)
+    return int(getattr(task, "default_steps", DEFAULT_STEPS))
 
 
 def plan_problem(spec: PipelineSpec, *, problem: str | None = None,
@@ -92,10 +93,12 @@ def seeded_problem(problem_spec: ComponentSpec, seed: int) -> ComponentSpec:
 
 def train(spec: PipelineSpec, problem_spec: ComponentSpec, *, steps: int | None = None,
           seed: int = 0, progress: str | None = None, checkpoint_dir: str | None = None,
-          checkpoint_every: int = 100, logdir: str | None = None) -> RunResult:
+          checkpoint_every: int = 100, logdir: str | None = None,
+          overall: Overall | None = None) -> RunResult:
     """One run: fresh variables and pipeline state, the problem drawn with ``seed``;
-    ``progress`` labels the progress line (``None``: none); ``logdir`` receives the
-    TensorBoard summaries of the pipeline and the loss."""
+    ``progress`` labels the progress line (``None``: none), ``overall`` is the
+    comparison's progress it adds to; ``logdir`` receives the TensorBoard summaries
+    of the pipeline and the loss."""
     import contextlib
 
     import tensorflow as tf
@@ -109,7 +112,7 @@ def train(spec: PipelineSpec, problem_spec: ComponentSpec, *, steps: int | None 
     with writer.as_default() if writer else contextlib.nullcontext():
         loop = _Loop(pipe, task, variables, checkpoint_dir, checkpoint_every)
         total = steps if steps is not None else getattr(task, "default_steps", DEFAULT_STEPS)
-        history, wall, step_seconds = loop.run(total, progress, record=writer is not None)
+        history, wall, step_seconds = loop.run(total, progress, writer is not None, overall)
     if writer is not None:
         writer.close()
     summary, metrics = _summarize(pipe, task, problem_spec, loop, history, wall)
@@ -169,7 +172,7 @@ class _Loop:
         self.converged_by: str | None = None
         self.done = self.resumed_from
 
-    def run(self, total: int, label: str | None, record: bool
+    def run(self, total: int, label: str | None, record: bool, overall: Overall | None
             ) -> tuple[dict[str, list[float]], float, list[float]]:
         import tensorflow as tf
 
@@ -177,7 +180,7 @@ class _Loop:
 
         check = tf.function(self.criteria.one_step) if self.criteria else None
         bar = Progress(total, label or "", enabled=label is not None,
-                       initial=self.resumed_from)
+                       initial=self.resumed_from, overall=overall)
         history: dict[str, list[float]] = {"loss": [], "learning_rate": [], "loss_scale": []}
         step_seconds = []
         start = time.perf_counter()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 
@@ -233,3 +234,53 @@ def test_a_rerun_says_whether_it_matches_the_saved_numbers_and_check_fails_if_no
     assert "step/s" not in other.stderr  # refused before it trained
     files = run(EXAMPLES / "quickstart.toml", "--check")
     assert files.returncode == 1 and "give the folder of an earlier --output" in files.stderr
+
+
+def test_a_comparison_off_a_terminal_prints_a_line_per_run_with_the_time_left():
+    """A log gets one line per run of an 18-run sweep, with its result and the whole
+    comparison's progress and time left; not a line every 10% of every run (180)."""
+    result = run(EXAMPLES / "quickstart.toml", "--steps", "20", "--seeds", "3",
+                 "--set", "schedules.lr.learning_rate=0.01,0.05,0.1",
+                 "--set", "transforms[0].clip_norm=1.0,5.0")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 18, result.stderr
+    for k, line in enumerate(lines, 1):
+        assert line.startswith(f"[{k}/18] quickstart learning_rate="), line
+        assert ": 20 steps, final loss " in line and "distance_to_optimum" in line
+        assert re.search(rf"\| all 18 runs: +{round(100 * k / 18)}% {20 * k}/360 "
+                         r"\[\d\d:\d\d<\d\d:\d\d, ", line), line
+
+
+def test_a_comparison_on_a_terminal_shows_the_progress_of_all_runs(tmp_path):
+    """On a terminal a bar for all runs (steps done of all, time left) stays under
+    the running run's bar, and each finished run's result is printed above."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gradpipe.cli", "run", str(EXAMPLES / "quickstart.toml"),
+         "--steps", "300", "--seeds", "2"], stdout=subprocess.DEVNULL, stderr=child)
+    os.close(child)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert process.wait(timeout=600) == 0
+    os.close(main)
+    text = seen.decode()
+    assert re.search(r"all 2 runs: +\d+%\|.*\| \d+/600 \[\d\d:\d\d<\d\d:\d\d", text), text
+    assert "[2/2] quickstart seed 1: " in text  # the running run's own bar
+    assert re.search(r"\[1/2\] quickstart seed 0: 300 steps, final loss [^|\r\n]+\r\n",
+                     text), text
+    assert "all 2 runs: 100%" in text
