@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -66,3 +67,53 @@ def test_bad_problem_table_is_config_error(write_toml):
     result = run(str(path))
     assert result.returncode == 1
     assert "problem.hiden: unknown key (did you mean 'hidden'?)" in result.stderr
+
+
+def plot_facts(tmp_path, *args: str) -> list[dict]:
+    """What the figures ``gradpipe run ARGS`` saves show (tests/workers/plot_facts.py)."""
+    out = tmp_path / "facts.json"
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "plot_facts.py"),
+                             str(out), "run", *args, "--quiet"], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(out.read_text())
+    assert facts["code"] == 0
+    return facts["figures"]
+
+
+def test_a_comparison_plot_keeps_its_legend_off_the_lines_and_its_bands_in_range(tmp_path):
+    """The legend sits outside the axes, and the spread band of a seed whose loss
+    falls far below the others' is clipped to the range of the mean lines: the axis
+    is not stretched over decades no line reaches."""
+    (figure,) = plot_facts(tmp_path, str(ROOT / "examples" / "quickstart.toml"),
+                           "--seeds", "3", "--steps", "300", "--plot", str(tmp_path / "p.png"),
+                           "--set", "schedules.lr.learning_rate=0.05,0.1")
+    (axes,) = figure["axes"]
+    (legend,) = figure["legends"]
+    x, y, width, height = axes["box"]
+    lx, ly, lwidth, lheight = legend
+    assert lx >= x + width or lx + lwidth <= x or ly >= y + height or ly + lheight <= y
+    assert axes["yscale"] == "log" and len(axes["bands"]) == 2
+    means = [v for line in axes["lines"] for v in line["y"]]
+    low, high = axes["ylim"]
+    assert min(means) / 3 <= low <= min(means) and max(means) <= high <= 3 * max(means)
+    for bottom, top in axes["bands"]:
+        assert low <= bottom and top <= high
+
+
+def test_a_single_run_plot_smooths_the_loss(tmp_path):
+    """The loss of each step is drawn faint under its running mean, which is smooth:
+    a mini-batch loss alone draws a solid band."""
+    (figure,) = plot_facts(tmp_path, str(ROOT / "examples" / "quickstart.toml"),
+                           "--problem", "digits", "--steps", "300",
+                           "--plot", str(tmp_path / "p.png"))
+    loss = figure["axes"][0]
+    raw, mean = loss["lines"]
+    assert raw["alpha"] < 0.5 and mean["alpha"] is None
+    assert len(raw["y"]) == len(mean["y"]) == 300
+
+    def variation(values):
+        return sum(abs(b - a) for a, b in itertools.pairwise(values))
+
+    assert variation(mean["y"]) < variation(raw["y"]) / 2
+    assert len(figure["legends"]) == 1  # which line is which
