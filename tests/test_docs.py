@@ -162,6 +162,75 @@ def test_plugin_guide_criterion_stops_minimize():
     assert result.steps == first + 1
 
 
+def test_plugin_guide_step_count_is_that_of_applied_updates(tmp_path):
+    """The guide's bias-corrected rule keeps its step count in its state: it passes
+    the contract suite, counts applied updates only (accumulation, a skipped step),
+    and a checkpoint carries the count, so a resumed run corrects as one that was
+    never stopped."""
+    import types
+
+    import numpy as np
+    import tensorflow as tf
+
+    import gradpipe
+    from gradpipe.plugin import hookimpl
+    from gradpipe.registry import Provider, get_registry
+    from gradpipe.testing import check_component
+
+    text = (ROOT / "docs" / "plugin-guide.md").read_text()
+    python = re.findall(r"```python\n(.*?)```", text, re.S)
+    module = types.ModuleType("gradpipe_guide_step_count")
+    exec(compile(python[0], "plugin-guide.md", "exec"), module.__dict__)
+    exec(compile(next(c for c in python if "count = state.count + 1" in c),
+                 "plugin-guide.md", "exec"), module.__dict__)
+
+    @hookimpl
+    def gradpipe_register_transforms(register):
+        module.register_debiased_momentum(register)
+
+    module.gradpipe_register_transforms = gradpipe_register_transforms
+    registry = get_registry()
+    if ("transform", "debiased_momentum") not in registry.components:
+        record = registry.register_plugin(module, Provider(
+            dist="gradpipe-guide-step-count", version="0.1.0", entry_point="step_count"))
+        assert record.status == "loaded", record.error
+    check_component("transform", "debiased_momentum")
+
+    lr, beta = 0.1, 0.5
+    table = {"pipeline": {"accumulation_steps": 2},
+             "transforms": [{"kind": "debiased_momentum", "learning_rate": lr,
+                             "beta": beta}]}
+
+    def fresh():
+        var = tf.Variable([1.0, -2.0])
+        pipe = gradpipe.build(table)
+        pipe.build([var])
+        return pipe, var
+
+    def feed(pipe, var, *grads):
+        for g in grads:
+            pipe.apply_gradients([(tf.constant(g), var)])
+
+    pipe, var = fresh()
+    feed(pipe, var, [1.0, 2.0], [3.0, 2.0], [float("nan"), 0.0])  # one update, one skip
+    count = pipe.transform_state("debiased_momentum")["count"]
+    assert int(count.numpy()) == int(pipe.iterations.numpy()) == 1
+    path = tf.train.Checkpoint(pipeline=pipe, var=var).save(str(tmp_path / "ck"))
+    resumed, var2 = fresh()
+    tf.train.Checkpoint(pipeline=resumed, var=var2).restore(path).assert_consumed()
+    for p, v in ((pipe, var), (resumed, var2)):
+        feed(p, v, [-1.0, 0.0], [1.0, 4.0])  # the second update
+        assert int(p.transform_state("debiased_momentum")["count"].numpy()) == 2
+
+    mean_1, mean_2 = np.array([2.0, 2.0]), np.array([0.0, 2.0])
+    m_1 = (1 - beta) * mean_1
+    m_2 = beta * m_1 + (1 - beta) * mean_2
+    expected = (np.array([1.0, -2.0]) - lr * m_1 / (1 - beta)
+                - lr * m_2 / (1 - beta ** 2))
+    np.testing.assert_allclose(var.numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(var2.numpy(), expected, rtol=1e-6)
+
+
 def test_cli_guide_names_every_option_of_every_command():
     """docs/cli.md cannot drift from the parser: each command's heading lists every
     option the parser has (the generated reference prints each one's --help)."""
