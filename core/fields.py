@@ -150,24 +150,32 @@ def _number_check(ok: Callable[[float], bool], text: str,
 
 
 def positive() -> Callable[..., None]:
+    """A validator: the value must be > 0 (``must be > 0, got -1.0``). Like every
+    validator here it lets ``None`` (an optional key left out) pass."""
     return _number_check(lambda v: v > 0, "> 0", "> 0")
 
 
 def non_negative() -> Callable[..., None]:
+    """A validator: the value must be >= 0."""
     return _number_check(lambda v: v >= 0, ">= 0", ">= 0")
 
 
 def at_least(low: float) -> Callable[..., None]:
+    """A validator: the value must be >= ``low`` (``at_least(1)`` for a count)."""
     return _number_check(lambda v: v >= low, f">= {low}", f">= {_num(low)}")
 
 
 def greater_than(low: float) -> Callable[..., None]:
+    """A validator: the value must be > ``low``."""
     return _number_check(lambda v: v > low, f"> {low}", f"> {_num(low)}")
 
 
 def in_range(
     low: float, high: float, *, low_open: bool = False, high_open: bool = False
 ) -> Callable[..., None]:
+    """A validator: the value must lie between ``low`` and ``high``, both included
+    unless opened: a decay that must stay below 1 is ``in_range(0.0, 1.0,
+    high_open=True)``, read ``[0, 1)``."""
     lo, hi = "(" if low_open else "[", ")" if high_open else "]"
 
     def ok(v: float) -> bool:
@@ -180,6 +188,9 @@ def in_range(
 
 
 def one_of(*choices: str) -> Callable[..., None]:
+    """A validator: the value must be one of ``choices``; a near miss gets a
+    did-you-mean (``must be one of 'mean', 'sum', got 'maen' (did you mean
+    'mean'?)``). A ``Literal[...]`` annotation does the same for a fixed set."""
     def check(inst: Any, attribute: Any, value: Any) -> None:
         if value not in choices:
             raise ValueError(
@@ -191,6 +202,8 @@ def one_of(*choices: str) -> Callable[..., None]:
 
 
 def increasing() -> Callable[..., None]:
+    """A validator: a sequence of numbers, each larger than the one before (the
+    boundaries of a piecewise schedule)."""
     def check(inst: Any, attribute: Any, value: Sequence[float]) -> None:
         if any(b <= a for a, b in itertools.pairwise(value)):
             raise ValueError(f"must be strictly increasing, got {list(value)!r}")

@@ -45,6 +45,10 @@ PROJECT_NAME = "gradpipe"
 PLUGIN_API_VERSION = 2
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+#: The decorator that makes a plugin module's function an implementation of the
+#: gradpipe hook of the same name: ``@hookimpl`` above ``def
+#: gradpipe_register_transforms(register)``. A misspelt name fails the plugin,
+#: with the nearest hook's name.
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 #: ``register(name, factory, config_cls, *, capabilities=None, kernel=None)``

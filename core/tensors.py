@@ -12,6 +12,8 @@ from .transform import dedupe, in_xla_function
 
 
 def is_sparse(g: Any) -> bool:
+    """Whether ``g`` is ``tf.IndexedSlices`` (an embedding's gradient), not a dense
+    tensor."""
     import tensorflow as tf
 
     return isinstance(g, tf.IndexedSlices)
@@ -70,24 +72,35 @@ def norm(x: Any) -> Any:
 
 
 def slot_dtype(var: Any) -> Any:
+    """The dtype of a state slot of ``var``: float32 for a float16 or bfloat16
+    variable (a moment kept in half precision underflows and loses the small
+    updates), else the variable's own dtype."""
     import tensorflow as tf
 
     return tf.float32 if var.dtype in (tf.float16, tf.bfloat16) else var.dtype
 
 
 def zeros_like_vars(variables: list[Any], fill: float = 0.0) -> list[Any]:
+    """One tensor per variable, of its shape and :func:`slot_dtype`, every element
+    ``fill``: the ``init`` of per-variable slots (``adam``'s moments are two)."""
     import tensorflow as tf
 
     return [tf.fill(v.shape, tf.constant(fill, slot_dtype(v))) for v in variables]
 
 
 def value_of(var: Any, dtype: Any) -> Any:
+    """The current value of ``var`` (a variable or a tensor) as a tensor of
+    ``dtype``: a float16 variable's value in its float32 slot's dtype, say, for
+    decoupled weight decay (``update += decay * value_of(var, update.dtype)``)."""
     import tensorflow as tf
 
     return tf.cast(tf.convert_to_tensor(var), dtype)
 
 
 def scatter_add(t: Any, indices: Any, values: Any) -> Any:
+    """A new tensor: ``t`` with ``values[i]`` added to its row ``indices[i]`` (rows
+    named twice get both); how the rows of an ``IndexedSlices`` gradient add
+    into a dense tensor."""
     import tensorflow as tf
 
     return tf.tensor_scatter_nd_add(t, indices[:, None], values)

@@ -1,5 +1,5 @@
 """Generate the reference pages: components from the live registry, the
-command line from its parser.
+command line from its parser, the plugin API from its docstrings.
 
     python docs/gen_reference.py            # rewrite the pages
     python docs/gen_reference.py --check    # exit 1 if a page is stale
@@ -9,7 +9,10 @@ A test runs the check, so the reference can never drift from the code.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from gradpipe.registry import get_registry
 
 PAGE = Path(__file__).parent / "reference" / "components.md"
 CLI_PAGE = Path(__file__).parent / "reference" / "cli.md"
+API_PAGE = Path(__file__).parent / "reference" / "plugin-api.md"
 TITLES = {
     "transform": "Transforms and update rules",
     "loss_scale": "Loss scalers (`[loss_scale]`)",
@@ -91,8 +95,109 @@ def render_cli() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+#: The sections of the plugin API page: the modules ``gradpipe.plugin`` takes
+#: its names from, in the order a plugin author meets them.
+API_SECTIONS = {
+    "hookspecs": "Registering: hooks and the plugin API",
+    "transform": "Writing a transform",
+    "tensors": "Tensor helpers, dense and sparse",
+    "fields": "Config fields and validators",
+    "capabilities": "Capabilities",
+    "names": "Variable paths",
+    "convergence": "Convergence criteria",
+    "distribute": "Placements",
+    "errors": "Errors",
+}
+
+
+def render_plugin_api() -> str:
+    """Every name ``gradpipe.plugin`` exports, with its signature and docstring (or
+    the ``#:`` comment above a constant), by the module it comes from."""
+    import gradpipe.plugin as api
+
+    source = Path(api.__file__).read_text()
+    origin = {alias.name: node.module for node in ast.walk(ast.parse(source))
+              if isinstance(node, ast.ImportFrom) and node.module
+              for alias in node.names}
+    missing = set(api.__all__) - set(origin)
+    unknown = set(origin.values()) - set(API_SECTIONS) - {"__future__"}
+    if missing or unknown:
+        raise SystemExit(f"gradpipe.plugin: names of no module {sorted(missing)}, "
+                         f"modules without a section {sorted(unknown)}")
+    out = ["# Plugin API reference", "",
+           "Generated from `gradpipe.plugin` by `docs/gen_reference.py`: every name it",
+           "exports, with its docstring. The [plugin-author guide](../plugin-guide.md)",
+           "shows them at work.", ""]
+    for module, title in API_SECTIONS.items():
+        names = [n for n in api.__all__ if origin[n] == module]
+        out += [f"## {title}", ""]
+        for name in names:
+            heading, doc = _api_entry(name, getattr(api, name), module)
+            out += [f"### `{heading}`", "", doc, ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _api_entry(name: str, obj: Any, module: str) -> tuple[str, str]:
+    """``(heading, text)`` of one exported name; an undocumented one stops the page."""
+    if inspect.isclass(obj) or inspect.isfunction(obj):
+        doc = inspect.cleandoc(obj.__doc__ or "")
+        heading = f"class {name}{_signature(obj)}" if inspect.isclass(obj) else \
+            f"{name}{_signature(obj)}"
+    else:  # a constant or a marker: the ``#:`` comment above its assignment
+        doc = _doc_comment(name, Path(sys.modules[f"gradpipe.{module}"].__file__ or ""))
+        heading = f"{name} = {obj!r}" if isinstance(obj, (int, str)) else name
+    if not doc:
+        raise SystemExit(f"gradpipe.plugin.{name} is not documented: give it a docstring "
+                         "(or a #: comment above a constant)")
+    return heading, _markdown(doc)
+
+
+def _signature(obj: Any) -> str:
+    """A function's signature with its types; a class's arguments by name only (its
+    fields' types are in its docstring, and a NamedTuple's read as ForwardRefs)."""
+    try:
+        signature = inspect.signature(obj, eval_str=True)
+    except (TypeError, ValueError, NameError):  # an exception's; a type under TYPE_CHECKING
+        return "" if inspect.isclass(obj) else str(inspect.signature(obj))
+    if inspect.isclass(obj):
+        signature = signature.replace(parameters=[
+            p.replace(annotation=inspect.Parameter.empty)
+            for p in signature.parameters.values()])
+    text = re.sub(r"\b(collections\.abc|typing)\.", "", str(signature))
+    return re.sub(r" -> None$", "", text)
+
+
+def _markdown(doc: str) -> str:
+    """A docstring as Markdown: reST roles (:func:`x`) as code, and the entries of a
+    Google-style ``Attributes:`` or ``Returns:`` section as a list (indented, they
+    would read as a code block)."""
+    doc = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", doc)
+    out: list[str] = []
+    for line in doc.splitlines():
+        entry = re.match(r"    (\w+): (.*)", line)
+        if entry:
+            if out and out[-1] and not out[-1].startswith(("* ", "  ")):
+                out.append("")  # Markdown starts a list only after a blank line
+            out.append(f"* `{entry.group(1)}`: {entry.group(2)}")
+        elif line.startswith("        "):
+            out.append("  " + line.strip())  # an entry's next line
+        else:
+            out.append(line.strip() if line.startswith("    ") else line)
+    return "\n".join(out)
+
+
+def _doc_comment(name: str, path: Path) -> str:
+    lines = path.read_text().splitlines()
+    at = next((i for i, line in enumerate(lines) if line.startswith(f"{name} =")), 0)
+    comment = []
+    while at > 0 and lines[at - 1].startswith("#:"):
+        at -= 1
+        comment.insert(0, lines[at][2:].strip())
+    return " ".join(comment)
+
+
 def main() -> int:
-    pages = {PAGE: render(), CLI_PAGE: render_cli()}
+    pages = {PAGE: render(), CLI_PAGE: render_cli(), API_PAGE: render_plugin_api()}
     if "--check" in sys.argv:
         stale = [page for page, text in pages.items()
                  if not page.exists() or page.read_text() != text]

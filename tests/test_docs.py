@@ -231,6 +231,27 @@ def test_plugin_guide_step_count_is_that_of_applied_updates(tmp_path):
     np.testing.assert_allclose(var2.numpy(), expected, rtol=1e-6)
 
 
+def test_every_name_gradpipe_plugin_exports_is_documented():
+    """Each name of gradpipe.plugin has a docstring of its own (a constant: a #:
+    comment) and an entry in the generated plugin API reference that says what it
+    is; the guide points there."""
+    import inspect
+
+    import gradpipe.plugin as api
+
+    page = (ROOT / "docs" / "reference" / "plugin-api.md").read_text()
+    entries = dict(re.findall(r"^### `(?:class )?(\w+)[^\n]*\n\n(.+?)(?=^##|\Z)", page,
+                              re.S | re.M))
+    problems = [f"{name}: no docstring" for name in api.__all__
+                if (inspect.isclass(getattr(api, name)) or inspect.isfunction(getattr(
+                    api, name))) and not (getattr(api, name).__doc__ or "").strip()]
+    problems += [f"{name}: not in docs/reference/plugin-api.md" for name in api.__all__
+                 if not entries.get(name, "").strip()]
+    assert not problems, problems
+    assert set(entries) == set(api.__all__)
+    assert "(reference/plugin-api.md)" in (ROOT / "docs" / "plugin-guide.md").read_text()
+
+
 def test_cli_guide_names_every_option_of_every_command():
     """docs/cli.md cannot drift from the parser: each command's heading lists every
     option the parser has (the generated reference prints each one's --help)."""
