@@ -101,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("new-plugin", help="write a ready-to-install plugin package")
     p.add_argument("name", help="plugin name; the distribution is gradpipe-NAME")
+    p.add_argument("--component", action="append", default=[], metavar="NAME",
+                   help="a transform of the plugin, with its test and index entry "
+                        "(repeatable; default: one named like the plugin)")
     p.add_argument("--directory", default=".", help="where to create it (default: here)")
     p.set_defaults(func=cmd_new_plugin)
 
@@ -268,13 +271,15 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     from .registry import get_registry
     from .template import new_plugin
 
-    root = new_plugin(args.name, Path(args.directory))
+    root = new_plugin(args.name, Path(args.directory), args.component)
     # pip reads "gradpipe-x[test]" as a package on the index; "./" makes it the folder.
     where = str(root) if root.is_absolute() else f"./{root}"
     print(f"wrote {root}; next:\n  python -m pip install \"{where}[test]\" && "
           f"python -m pytest {where}/tests")
-    name = root.name.removeprefix("gradpipe-").replace("-", "_")
-    if name in get_registry().names("transform"):
+    names = [c.replace("-", "_").lower() for c in args.component] or [
+        root.name.removeprefix("gradpipe-").replace("-", "_")]
+    existing = set(get_registry().names("transform"))
+    for name in (n for n in names if n in existing):
         print(f"note: transform {name!r} already exists; while both are installed a "
               f"pipeline must write 'gradpipe>{name}' or '{root.name}>{name}'. "
               "Rename the component in the generated module to avoid that.")

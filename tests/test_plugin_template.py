@@ -2,36 +2,76 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
 
-def test_generated_plugin_installs_and_passes(tmp_path):
-    made = subprocess.run([sys.executable, "-m", "gradpipe.cli", "new-plugin", "halve",
+def _install_and_test(tmp_path, *args: str) -> tuple[str, str]:
+    """Generate a plugin, pip-install it into a folder of its own and run its own
+    tests against it: ``(gradpipe plugins --json, pytest's output)``."""
+    import os
+
+    made = subprocess.run([sys.executable, "-m", "gradpipe.cli", "new-plugin", *args,
                            "--directory", str(tmp_path)], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
-    root = tmp_path / "gradpipe-halve"
-    assert {p.name for p in root.iterdir()} >= {"pyproject.toml", "README.md",
-                                                "gradpipe_halve", "tests"}
+    (root,) = tmp_path.glob("gradpipe-*")
     target = tmp_path / "site"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
                               "--no-build-isolation", "--target", str(target), str(root)],
                              capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stdout + install.stderr
-    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}
-    import os
-
-    env = {**os.environ, **env}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(target), os.environ.get("PYTHONPATH")])), "PATH": "/usr/bin:/bin"}
     listed = subprocess.run([sys.executable, "-m", "gradpipe.cli", "plugins", "--json"],
                             capture_output=True, text=True, env=env)
-    assert '"distribution": "gradpipe-halve"' in listed.stdout
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                             str(root / "tests")], capture_output=True, text=True, env=env,
                            timeout=900)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
-    assert "3 passed" in tests.stdout
+    return listed.stdout, tests.stdout
+
+
+def test_generated_plugin_installs_and_passes(tmp_path):
+    listed, tests = _install_and_test(tmp_path, "halve")
+    root = tmp_path / "gradpipe-halve"
+    assert {p.name for p in root.iterdir()} >= {"pyproject.toml", "README.md",
+                                                "gradpipe_halve", "tests"}
+    assert '"distribution": "gradpipe-halve"' in listed
+    assert "3 passed" in tests
+
+
+def test_a_plugin_of_two_components_installs_and_passes_its_tests(tmp_path):
+    """--component, repeated: each component in the module, in the name index, with
+    its own test; the contract test expects them all; the README names them."""
+    listed, tests = _install_and_test(tmp_path, "tools", "--component", "halve",
+                                      "--component", "clip-half")
+    root = tmp_path / "gradpipe-tools"
+    assert sorted(p.name for p in (root / "tests").glob("test_*.py")) == [
+        "test_clip_half.py", "test_contract.py", "test_halve.py"]
+    (plugin,) = [p for p in json.loads(listed) if p["distribution"] == "gradpipe-tools"]
+    assert plugin["status"] == "loaded" and plugin["components"] == {
+        "transform": ["halve", "clip_half"]}
+    pyproject = (root / "pyproject.toml").read_text()
+    assert '"transform.halve" = "gradpipe_tools"\n"transform.clip_half" = "gradpipe_tools"' \
+        in pyproject
+    assert "the transforms `halve`, `clip_half`" in (root / "README.md").read_text()
+    # the contract suite on both, the entry point and one behaviour test each
+    assert "5 passed" in tests
+
+
+@pytest.mark.parametrize("components, expected", [
+    (["halve", "halve"], "--component halve is given twice"),
+    (["two words"], "component name 'two words' must be letters"),
+])
+def test_bad_components(tmp_path, components, expected):
+    made = subprocess.run([sys.executable, "-m", "gradpipe.cli", "new-plugin", "tools",
+                           *[a for c in components for a in ("--component", c)],
+                           "--directory", str(tmp_path)], capture_output=True, text=True)
+    assert made.returncode == 1 and expected in made.stderr
+    assert not any(tmp_path.iterdir())
 
 
 def test_generated_wheel_has_valid_metadata_and_the_name_index(tmp_path):
