@@ -4,11 +4,10 @@
     python benchmarks/thirdparty.py --small    # 2,000 variables of 1-10k parameters
     python benchmarks/thirdparty.py --quick    # tiny sizes, for a smoke run
 
-A real plugin: a small distribution (``gradpipe-bench-plugin``) is written to a
-temporary directory, installed with pip into this environment, found by gradpipe
-through its entry point, and uninstalled at the end. Its two transforms are
-written as the plugin guide writes one (a config, a factory, ``init``/``update``,
-nothing declared):
+A real plugin (``_plugin.py``): a small distribution installed with pip into
+this environment for the run, found by gradpipe through its entry point. Its
+transforms are written as the plugin guide writes one (a config, a factory,
+``init``/``update``, nothing declared):
 
 * ``bench_scale``: ``g * factor``, stateless;
 * ``bench_ema``: ``m = decay * m + g``, the update ``m``, stateful.
@@ -32,74 +31,11 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
-import textwrap
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _common import interleaved_samples, medians, paired_ratio, paired_ratio_interval, table
-
-DIST = "gradpipe-bench-plugin"
-
-PLUGIN = '''
-"""A third-party plugin, written from the plugin guide: nothing declared."""
-import attrs
-from gradpipe.plugin import (Transform, hookimpl, hyper, hyperparameter, in_range,
-                             map_grads, no_state, positive, zeros_like_vars)
-
-
-@attrs.frozen(kw_only=True)
-class ScaleConfig:
-    factor: float = hyperparameter(default=1.0, validator=positive())
-
-
-def bench_scale(cfg):
-    factor = hyper(cfg.factor)
-
-    def update(grads, state, variables):
-        return map_grads(lambda g: g * factor(), grads), state
-
-    return Transform(no_state, update)
-
-
-@attrs.frozen(kw_only=True)
-class EmaConfig:
-    decay: float = hyperparameter(default=0.9, validator=in_range(0.0, 1.0))
-
-
-def bench_ema(cfg):
-    decay = hyper(cfg.decay)
-
-    def update(grads, state, variables):
-        d = decay()
-        new = [m if g is None else d * m + g for g, m in zip(grads, state)]
-        return [None if g is None else m for g, m in zip(grads, new)], new
-
-    return Transform(zeros_like_vars, update)
-
-
-@hookimpl
-def gradpipe_register_transforms(register):
-    register("bench_scale", bench_scale, ScaleConfig)
-    register("bench_ema", bench_ema, EmaConfig)
-'''
-
-PYPROJECT = f'''
-[build-system]
-requires = ["setuptools>=61"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "{DIST}"
-version = "0.1"
-
-[project.entry-points.gradpipe]
-bench = "gradpipe_bench_plugin"
-
-[tool.setuptools]
-py-modules = ["gradpipe_bench_plugin"]
-'''
+from _plugin import DIST, installed_plugin
 
 
 def main() -> int:
@@ -114,17 +50,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.measure:
         return measure(args)
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "gradpipe_bench_plugin.py").write_text(textwrap.dedent(PLUGIN))
-        (Path(tmp) / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
-        pip = [sys.executable, "-m", "pip", "-q"]
-        subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", tmp],
-                       check=True)
-    try:  # a fresh process finds the newly installed entry point
+    with installed_plugin():  # a fresh process finds the newly installed entry point
         return subprocess.run([sys.executable, __file__, "--measure", *sys.argv[1:]],
                               check=False).returncode
-    finally:
-        subprocess.run([*pip, "uninstall", "-y", DIST], check=False)
 
 
 def measure(args: argparse.Namespace) -> int:

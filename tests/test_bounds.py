@@ -1,7 +1,8 @@
 """A plugin's maths is bounded, not checked, where the engine can bound it.
 
 The engine walks the operations of a transform it knows no proof for and bounds
-its outputs from its inputs' and state's norms (the plan says "bounded"). These
+its outputs from its inputs' norm and its state's norm or range (the plan says
+"bounded"). These
 tests hold the bounds against a float32 reference in numpy: a step is applied
 exactly when every update and new state is finite, on the compiled and on the
 plain path, and where a bound fails (a state too large for it) the chain is
@@ -79,9 +80,11 @@ def test_a_step_is_applied_exactly_when_its_outputs_are_finite(name, jit, state,
     pipe = gradpipe.build({"transforms": [{"kind": kind}],
                            "pipeline": {"jit_compile": jit}})
     pipe.build([var])
-    # rms takes the square root of its state, whose sign the bounds do not know: its
-    # bounds would fail on every step, so it is checked from the start
-    assert ("checked" if name == "rms" else "bounded") in pipe.plan.checks[0], pipe.plan
+    # rms takes the square root of its state, whose sign its norm does not tell: it is
+    # bounded from the state's range (its least and largest element) instead
+    held = "its state's range" if name == "rms" else "its state's norm"
+    assert f"bounded: its traced maths, from its input's norm and {held}" in \
+        pipe.plan.checks[0], pipe.plan
     (slot,) = pipe.transform_state(0).values()
     slot.assign(np.array(state, "f4"))
     step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))

@@ -56,7 +56,7 @@ def _f(x: Any) -> Any:
     return tf.cast(x, tf.float32)
 
 
-def _hull(parts: Sequence[Interval]) -> Interval:
+def hull(parts: Sequence[Interval]) -> Interval:
     """The smallest interval holding ``parts``. (A NaN that min or max drops comes
     only from an infinite end, whose own interval fails its check.)"""
     return Interval(functools.reduce(tf.minimum, [p.lo for p in parts]),
@@ -65,10 +65,10 @@ def _hull(parts: Sequence[Interval]) -> Interval:
 
 def _mul(a: Interval, b: Interval) -> Interval:
     if b.lo is b.hi:  # a point (a scalar, a constant): two products, not four
-        return _hull([Interval(a.lo * b.lo, a.lo * b.lo), Interval(a.hi * b.lo, a.hi * b.lo)])
+        return hull([Interval(a.lo * b.lo, a.lo * b.lo), Interval(a.hi * b.lo, a.hi * b.lo)])
     if a.lo is a.hi:
         return _mul(b, a)
-    return _hull([Interval(x * y, x * y) for x in a for y in b])
+    return hull([Interval(x * y, x * y) for x in a for y in b])
 
 
 def _abs(a: Interval) -> Interval:
@@ -125,7 +125,7 @@ def _l2_loss(op: Any, a: Interval) -> tuple[Interval, list[Any]]:
 
 
 def _same(op: Any, *inputs: Interval) -> tuple[Interval, list[Any]]:
-    return _hull(inputs) if len(inputs) > 1 else inputs[0], []
+    return hull(inputs) if len(inputs) > 1 else inputs[0], []
 
 
 _ALL_BUT_LAST = "all but last"
@@ -235,7 +235,7 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval]) -> Bounded
                 key += tuple(id(i) for i in given)
             found = same.get(key) if key is not None else None
             if found is None:
-                computed, domain = _interval(x, given)
+                computed, domain = _lerp(x, memo) or _interval(x, given)
                 required += domain
                 found = Interval(_f(computed.lo), _f(computed.hi))
                 if key is not None:
@@ -267,6 +267,31 @@ def _structure(x: Any) -> tuple[tuple[Any, ...] | None, list[Any]]:
     reduced = _reduced(x.op) if x.op.type in ("Sum", "Mean", "L2Loss", "Max", "Min") \
         else None
     return (x.op.type, x.dtype, reduced), _value_inputs(x.op)
+
+
+def _lerp(x: Any, memo: dict[Any, Interval]) -> tuple[Interval, list[Any]] | None:
+    """``a + (b - a) * c`` for a scalar ``c`` (an EMA written as Keras writes it):
+    where ``c`` is in [0, 1], the result lies between ``a`` and ``b``, which the sum's
+    own rule loses (``a`` appears twice: a mean of squares would seem to go below
+    0). Monotone rounding keeps it so up to one rounding of each end, and keeps a
+    result of non-negative ``a`` and ``b`` non-negative. ``None``: not this form."""
+    if x.op.type not in ("AddV2", "Add"):
+        return None
+    for base, step in (x.op.inputs, reversed(x.op.inputs)):
+        if step.op.type != "Mul":
+            continue
+        for diff, c in (step.op.inputs, reversed(step.op.inputs)):
+            if (diff.op.type == "Sub" and diff.op.inputs[1] is base
+                    and c.shape.num_elements() == 1):
+                a, b, k = memo[base.ref()], memo[diff.op.inputs[0].ref()], memo[c.ref()]
+                within = (k.lo >= 0) & (k.hi <= 1)
+                lo, hi = tf.minimum(a.lo, b.lo), tf.maximum(a.hi, b.hi)
+                lo = lo * tf.where(lo >= 0, 1 / _WIDEN, _WIDEN)
+                hi = hi * tf.where(hi >= 0, _WIDEN, 1 / _WIDEN)
+                general = _add(x.op, a, memo[step.ref()])[0]
+                return Interval(tf.where(within, lo, general.lo),
+                                tf.where(within, hi, general.hi)), []
+    return None
 
 
 def _constant_range(x: Any) -> tuple[float, float]:
@@ -302,6 +327,31 @@ def squared_bound(tensors: Sequence[Any]) -> Any:
     if present and all(id(t) in bounds for t in present):
         return tf.square(tf.reduce_max(tf.stack([bounds[id(t)][1] for t in present])))
     return squared_norm(tensors)
+
+
+def held_state(tensors: Sequence[Any], ranged: bool) -> list[Interval]:
+    """An interval for each of a transform's state ``tensors``: the one the step
+    recorded for it (``record_state``), else its range (``ranged``: its least and
+    largest element, NaN where one is), else the norm of them all, read now."""
+    recorded = current_context().shared.get("intervals", {})
+    if all(id(t) in recorded for t in tensors):
+        return [recorded[id(t)][1] for t in tensors]
+    if ranged:
+        return [state_range([t]) for t in tensors]
+    return [within_norm(squared_bound(tensors))] * len(tensors)
+
+
+def state_range(tensors: Sequence[Any]) -> Interval:
+    """The least and the largest element of ``tensors`` (NaN where one is: a NaN
+    fails every check it reaches)."""
+    return Interval(tf.reduce_min(tf.stack([tf.reduce_min(_f(t)) for t in tensors])),
+                    tf.reduce_max(tf.stack([tf.reduce_max(_f(t)) for t in tensors])))
+
+
+def record_state(tensors: Sequence[Any], held: Interval) -> None:
+    """Remember that every element of ``tensors`` (a transform's state) lies in ``held``."""
+    intervals = current_context().shared.setdefault("intervals", {})
+    intervals.update({id(t): (t, held) for t in tensors})
 
 
 def within_norm(squared: Any) -> Interval:

@@ -17,8 +17,8 @@ from typing import Any
 import tensorflow as tf
 
 from ..tensors import all_finite
-from ..transform import BuildContext, build_scope, sum_of_squares
-from .bounds import Unbounded, bound_outputs, record_bounds, squared_bound, within_norm
+from ..transform import BuildContext, build_scope
+from .bounds import Unbounded, bound_outputs, held_state, record_bounds, squared_bound, within_norm
 from .proofs import Prove
 from .step_ops import finite_outputs
 
@@ -27,8 +27,9 @@ class Guard:
     """The finite guarantee of one pipeline's chain, while a step is traced."""
 
     def __init__(self, proofs: list[Prove | None], bounded: tuple[int, ...],
-                 context: BuildContext) -> None:
+                 ranged: tuple[int, ...], context: BuildContext) -> None:
         self.proofs, self.bounded, self.context = proofs, set(bounded), context
+        self.ranged = set(ranged)  # bounded from their state's range, not its norm
         # whether the chain traced last used a bound (``chain_finite`` then rechecks)
         self.used_bounds = False
 
@@ -40,7 +41,7 @@ class Guard:
         prove = self.proofs[i]
         required = prove(inputs, lambda: old) if prove is not None else None
         if required is None and bounds and i in self.bounded:
-            required = bounded_outputs(inputs, old, outputs, state)
+            required = bounded_outputs(inputs, old, outputs, state, i in self.ranged)
             self.used_bounds |= required is not None
         if required is None:
             required = [finite_outputs(outputs, tf.nest.flatten(state))]
@@ -76,8 +77,8 @@ class Guard:
         return tf.cond(ok, lambda: tf.constant(True), checked)
 
 
-def bounded_outputs(inputs: list[Any], old: Any, outputs: list[Any], state: Any
-                    ) -> list[Any] | None:
+def bounded_outputs(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
+                    ranged: bool = False) -> list[Any] | None:
     """The scalars under which a transform's ``outputs`` and new ``state`` are finite,
     from the bounds of its maths; ``None`` where this trace has none (sparse
     gradients, an operation without a bound, a step run eagerly, which leaves no
@@ -85,12 +86,13 @@ def bounded_outputs(inputs: list[Any], old: Any, outputs: list[Any], state: Any
     if tf.executing_eagerly():
         return None
     try:
-        return _bounded(inputs, old, outputs, state)
+        return _bounded(inputs, old, outputs, state, ranged)
     except Unbounded:
         return None
 
 
-def _bounded(inputs: list[Any], old: Any, outputs: list[Any], state: Any) -> list[Any]:
+def _bounded(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
+             ranged: bool) -> list[Any]:
     leaves = [t for t in tf.nest.flatten(state) if isinstance(t, (tf.Tensor, tf.Variable))]
     before = [t for t in tf.nest.flatten(old) if isinstance(t, tf.Tensor)
               and t.dtype.is_floating]
@@ -103,35 +105,46 @@ def _bounded(inputs: list[Any], old: Any, outputs: list[Any], state: Any) -> lis
     if present:
         gradients = within_norm(squared_bound(inputs))
         known = {g.ref(): gradients for g in present}
-    if before:  # one read of the state: its norm bounds every element
-        held = within_norm(sum_of_squares(before))
-        known.update({t.ref(): held for t in before})
+    if before:  # one read of the state, unless the step has read it already
+        known.update({t.ref(): held for t, held in zip(before, held_state(before, ranged))})
     bounded = bound_outputs(results, known)
     record_bounds(bounded.magnitudes, outputs)
     return bounded.required
 
 
-def why_unbounded(transform: Any, context: Any) -> str:
-    """Why the engine does not bound ``transform``'s maths ("" where it does): its
-    update traced once for two small variables and run on ordinary values (unit
-    gradients, a state of 0.5). Where the bounds fail even there (a sign the
-    analysis does not know, such as that of a square root's state), every step
-    would be checked after all, and the transform is checked from the start."""
+def _bind(probe: Callable[..., Any], ranged: bool) -> Callable[[Any, Any], Any]:
+    """``probe`` with ``ranged`` fixed, taking only what a traced function takes."""
+    return lambda grads, state: probe(grads, state, ranged)
+
+
+#: how a transform's maths is bounded: from its state's norm, or from its range
+BY_NORM, BY_RANGE = "norm", "range"
+
+
+def how_bounded(transform: Any, context: Any) -> str:
+    """``BY_NORM`` or ``BY_RANGE`` where the engine bounds ``transform``'s maths, else
+    why not: its update traced once for two small variables and run on ordinary
+    values (unit gradients, a state of 0.5), its state held within its norm, and
+    else within its range (its least and largest element, one more pass over it:
+    what proves the square root of a running mean of squares, which the norm
+    cannot). Where both fail even there, every step would be checked after all,
+    and the transform is checked from the start."""
     variables = [tf.Variable(tf.zeros([3]), name="probe/bias"),
                  tf.Variable(tf.zeros([2, 3]), name="probe/kernel")]
     found: list[str] = []
 
-    def probe(grads: list[Any], state: Any) -> Any:
+    def probe(grads: list[Any], state: Any, ranged: bool = False) -> Any:
         with build_scope(context):
             context.shared.clear()
             outputs, new = transform.update(list(grads), state, variables)
             try:
-                required = _bounded(list(grads), state, list(outputs), new)
+                required = _bounded(list(grads), state, list(outputs), new, ranged)
             except Unbounded as exc:
                 found.append(str(exc))
                 return tf.constant(False)
             return all_finite(required)
 
+    holds = {}
     try:
         with build_scope(context):
             state = tf.nest.map_structure(tf.convert_to_tensor, transform.init(variables))
@@ -139,16 +152,21 @@ def why_unbounded(transform: Any, context: Any) -> str:
             lambda t: tf.fill(tf.shape(t), tf.cast(0.5, t.dtype)) if t.dtype.is_floating
             else t, state)
         grads = [tf.ones(v.shape, v.dtype) for v in variables]
-        # a concrete function, called as such: a new tf.function traced and called on
+        specs = ([tf.TensorSpec.from_tensor(g) for g in grads],
+                 tf.nest.map_structure(tf.TensorSpec.from_tensor, held))
+        # the range only where the norm fails (it costs one more pass per step); each a
+        # concrete function, called as such: a new tf.function traced and called on
         # every build would have TensorFlow warn of retracing
-        holds = tf.function(probe, autograph=False).get_concrete_function(
-            [tf.TensorSpec.from_tensor(g) for g in grads],
-            tf.nest.map_structure(tf.TensorSpec.from_tensor, held))(grads, held)
+        for ranged in (False, True):
+            holds[ranged] = bool(tf.function(_bind(probe, ranged), autograph=False
+                                             ).get_concrete_function(*specs)(grads, held))
+            if holds[ranged] or found:
+                break
     except Exception as exc:  # a transform that cannot be traced so is checked
         return f"its update could not be traced for bounds ({type(exc).__name__})"
     finally:
         context.shared.clear()
     if found:
         return found[0]
-    return "" if bool(holds) else ("its bounds fail on ordinary values: it needs a sign "
-                                   "the bounds do not know, such as its state's")
+    return BY_NORM if holds.get(False) else BY_RANGE if holds.get(True) else (
+        "its bounds fail on ordinary values, even from its state's range")

@@ -64,10 +64,14 @@ class Plan:
         in_place: the last rule's fused kernel updates variables and slots in
             place, where the step is not compiled.
         sequence: compiled on a CPU, large variables are updated one after another.
+        per_variable: compiled, each variable is updated by an XLA function of its
+            own, one per distinct shape and maths (``gradpipe._engine.per_variable``).
         clip_before_reduce: transforms run on each replica's gradients.
         checks: for each transform, how its outputs are known to be finite.
         bounded: the transforms whose outputs are known finite from the bounds of
             their maths (``gradpipe._engine.bounds``), not from a check.
+        ranged: those of ``bounded`` whose state is held within its range (its
+            least and largest element), not its norm.
     """
 
     compile: Choice
@@ -77,10 +81,13 @@ class Plan:
     clip_before_reduce: tuple[int, ...]
     checks: tuple[str, ...]
     bounded: tuple[int, ...] = ()
+    ranged: tuple[int, ...] = ()
+    per_variable: Choice = Choice(False, "the step is not compiled")
 
     def __str__(self) -> str:
         rows = [("XLA", str(self.compile)), ("packed state", str(self.pack)),
-                ("in place", str(self.in_place)), ("in sequence", str(self.sequence))]
+                ("in place", str(self.in_place)), ("per variable", str(self.per_variable)),
+                ("in sequence", str(self.sequence))]
         if self.clip_before_reduce:
             rows.append(("per replica", "transforms " + ", ".join(
                 f"[{i}]" for i in self.clip_before_reduce) + " clip before the reduction"))
@@ -101,10 +108,12 @@ def clip_before_reduce(spec: PipelineSpec, requested: bool) -> tuple[int, ...]:
 
 
 def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...],
-            why_unbounded: Callable[[int], str] | None
-            ) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """How each transform's outputs are known finite, and which are bounded."""
-    out, bounded = [], []
+            how_bounded: Callable[[int], str] | None
+            ) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """How each transform's outputs are known finite, which are bounded, and which
+    of those from their state's range (``how_bounded(i)``: "norm", "range" or
+    why not)."""
+    out, bounded, ranged = [], [], []
     for i, (t, proof) in enumerate(zip(spec.transforms, proved)):
         where = f"{t.name} at {t.path}: "
         if i in pre_reduce:
@@ -113,14 +122,17 @@ def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...],
             out.append(where + "not checked (check_updates = false)")
         elif proof:
             out.append(where + "proved from its input's norm (gradpipe knows its maths)")
-        elif why_unbounded is not None and not (why := why_unbounded(i)):
+        elif how_bounded is not None and (why := how_bounded(i)) in ("norm", "range"):
             bounded.append(i)
-            out.append(where + "bounded: its traced maths, from the norms of its input "
-                               "and state (checked where a bound fails)")
+            if why == "range":
+                ranged.append(i)
+            state = "its state's range" if why == "range" else "its state's norm"
+            out.append(where + f"bounded: its traced maths, from its input's norm and "
+                               f"{state} (checked where a bound fails)")
         else:
-            reason = f" ({why})" if why_unbounded is not None else ""
+            reason = f" ({why})" if how_bounded is not None else ""
             out.append(where + f"checked: one sum over its updates and new state{reason}")
-    return tuple(out), tuple(bounded)
+    return tuple(out), tuple(bounded), tuple(ranged)
 
 
 def xla_pays(sizes: list[int | None], in_place: bool) -> tuple[bool, str]:
@@ -144,7 +156,7 @@ def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool
               frozen: list[bool], proved: list[bool], has_kernel: bool,
               replicas: int, clip_per_replica: bool,
               elementwise_probe: Any = None,
-              why_unbounded: Callable[[int], str] | None = None) -> Plan:
+              how_bounded: Callable[[int], str] | None = None) -> Plan:
     """Decide how the step runs (XLA is decided for good by ``compiled_or_why_not``).
 
     ``proved``: per transform, whether its outputs are proved finite;
@@ -174,10 +186,11 @@ def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool
         compile_ = attrs.evolve(compile_, reason=f'"auto": {compile_.reason}')
     else:
         compile_ = Choice(bool(mode), f"jit_compile = {'true' if mode else 'false'}")
-    checks, bounded = _checks(spec, proved, pre_reduce, why_unbounded)
+    checks, bounded, ranged = _checks(spec, proved, pre_reduce, how_bounded)
     return Plan(compile=compile_, pack=pack, in_place=in_place,
                 sequence=_sequence(compile_.on, pack.on),
-                clip_before_reduce=pre_reduce, checks=checks, bounded=bounded)
+                clip_before_reduce=pre_reduce, checks=checks, bounded=bounded,
+                ranged=ranged)
 
 
 def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],
@@ -292,18 +305,23 @@ def compiled_or_why_not(function: Any, args: tuple[Any, ...], names: dict[str, s
     if draws:
         return draws
     try:
-        _lower(function.get_concrete_function(*args))
+        _lower(function, args)
     except Exception as exc:  # XLA reports unsupported ops as ValueError/InvalidArgument
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"{_owner(first, names)} failed to compile: {first[:300]}"
     return ""
 
 
-def _lower(concrete: Any) -> str:
-    """The HLO of a traced ``jit_compile`` function: XLA lowers it or raises. From the
-    trace alone, so no argument of the parameters' size is allocated for it."""
+def _lower(function: Any, args: tuple[Any, ...]) -> str:
+    """The HLO of a traced ``jit_compile`` function: XLA lowers it or raises. Given
+    specs, from the trace alone, so no argument of the parameters' size is allocated
+    for it; given the arguments themselves (variables among them, which TF lowers
+    only so), from the trace these arguments reuse."""
+    if not any(isinstance(a, tf.TensorSpec) for a in tf.nest.flatten(args)):
+        return str(function.experimental_get_compiler_ir(*args)(stage="hlo"))
     from tensorflow.python.eager.polymorphic_function import compiler_ir
 
+    concrete = function.get_concrete_function(*args)
     specs = [s for s in tf.nest.flatten(concrete.structured_input_signature)
              if isinstance(s, tf.TensorSpec)]  # not the None of absent arguments
     return str(compiler_ir.from_concrete_function(concrete, specs)(stage="hlo"))

@@ -274,6 +274,16 @@ class StateStore(tf.Module):
         """``(key, structure, slot names)`` of every transform, in chain order."""
         return list(self._layout.items)
 
+    def owners(self, i: int) -> list[int | None]:
+        """For each of transform ``i``'s leaves, in ``layout_items`` order, the index of
+        the variable it belongs to (``None``: shared by all)."""
+        key, _, names = self._layout.items[i]
+        return [self._owners[key][n] for n in names]
+
+    def leaf_variables(self, i: int) -> dict[str, tf.Variable]:
+        """Transform ``i``'s state variables by leaf name (unpacked state)."""
+        return dict(self._leaf_variables[self._layout.items[i][0]])
+
     def slot_variables(self, i: int) -> Any:
         """Transform ``i``'s state as its ``tf.Variable``s, in ``init``'s structure."""
         key, structure, names = self._layout.items[i]

@@ -31,6 +31,7 @@ from ..transform import (
     KEPT,
     BuildContext,
     build_scope,
+    in_xla_function,
     record_squared_norm,
     squared_norm,
 )
@@ -60,7 +61,7 @@ class Step:
                  pipeline: Any, scheduled: list[tuple[str, Any]]) -> None:
         self.spec, self.state, self.plan, self.counters = spec, state, plan, counters
         self.transforms, self.kernel = transforms, kernel
-        self.guard = Guard(proofs, plan.bounded, context)
+        self.guard = Guard(proofs, plan.bounded, plan.ranged, context)
         self.loss_scaler, self.context = loss_scaler, context
         # the public facade, for the values summaries report (rate, scale, counters)
         self.pipeline, self.scheduled = pipeline, scheduled
@@ -76,6 +77,9 @@ class Step:
         # fast L2Loss kernel outside XLA, and unscaling multiplies by exactly 1).
         self._power_of_two = loss_scaler is None or bool(
             getattr(loss_scaler, "power_of_two", False))
+        # Where the plan compiles variable by variable, their functions
+        # (``per_variable.PerVariable``), set at build.
+        self.per_variable: Any = None
         # One XLA function for the whole update: fusion across every variable.
         self.compiled = tf.function(lambda grads, present: self._step(grads, present, True),
                                     jit_compile=True, autograph=False)
@@ -84,8 +88,11 @@ class Step:
 
     def apply(self, pairs: list[tuple[Any, Any]]) -> tf.Tensor:
         grads, present = self._inputs(pairs)
+        blocked = fusion_blocker(grads, self._replicas)
         compiling = self.plan.compile.on and (
-            self.spec.options.jit_compile is True or not fusion_blocker(grads, self._replicas))
+            self.spec.options.jit_compile is True or not blocked)
+        if compiling and self._per_variable_usable(blocked):
+            compiling = False  # the step calls each variable's XLA function (_update)
         applied = (self.compiled(grads, present) if compiling
                    else self._step(grads, present, False))
         return applied if self.state.packing is None else subtract_packed(self.state, applied)
@@ -98,7 +105,7 @@ class Step:
         if all(g is None for g in grads):
             raise GradpipeError("no gradients provided for any variable")
         if self._pre_reduce:  # clip_before_reduce: clip each replica's gradients
-            grads = self._run_chain(grads, only=self._pre_reduce)[0]
+            grads = self.run_chain(grads, only=self._pre_reduce)[0]
         grads = self._reduce(grads)  # once, batched
         packing = self.state.packing
         if packing is None:
@@ -109,9 +116,16 @@ class Step:
         """The chain's updates and new states, traced on its own (``SparseInputs``)."""
         try:
             with build_scope(self.context):
-                return self._run_chain(given, skip=self._pre_reduce)[:2]
+                return self.run_chain(given, skip=self._pre_reduce)[:2]
         finally:
             self.context.shared.clear()
+
+    def _per_variable_usable(self, blocked: str) -> bool:
+        """Whether a step traced now calls the per-variable functions: the plan chose
+        them, and nothing known only now (sparse gradients, a summary writer, a
+        strategy, a step the user compiles whole) keeps the other paths."""
+        return (self.per_variable is not None and self.plan.compile.on and not blocked
+                and not in_xla_function())
 
     def path(self, pairs: list[tuple[Any, Any]]) -> str:
         """The path a step with these gradients takes now, and why."""
@@ -189,16 +203,18 @@ class Step:
 
     # -- the chain ---------------------------------------------------------
 
-    def _run_chain(self, grads: list[Any], only: set[int] | None = None,
+    def run_chain(self, grads: list[Any], only: set[int] | None = None,
                    skip: set[int] | None = None, applies: tf.Tensor | None = None,
-                   guard: bool = False, bounds: bool = True
-                   ) -> tuple[list[Any], dict[int, Any], list[Any]]:
+                  guard: bool = False, bounds: bool = True, store: Any = None
+                  ) -> tuple[list[Any], dict[int, Any], list[Any]]:
         """Run the transforms in file order: the updates, the new states of those that
         ran (by index; kept where ``applies`` is false) and, with ``guard``, the
         scalars under which every output is finite (``Guard``; ``bounds``: bounded
         where the plan says so). Others' state is not read: a read is a stateful op,
-        which TF never prunes, so each would cost every step."""
-        store, variables = self.state, self.state.variables
+        which TF never prunes, so each would cost every step. ``store``: the state
+        read, the whole store's or one variable's (``per_variable``)."""
+        store = self.state if store is None else store
+        variables = store.variables
         self.guard.used_bounds = False
         updates, new_states, required = list(grads), {}, []
         for i, (spec, transform) in enumerate(zip(self.spec.transforms, self.transforms)):
@@ -228,13 +244,14 @@ class Step:
             new_states[i] = state
         return updates, new_states, required
 
-    def _rechecked(self, required: list[Any], inputs: Callable[[], list[Any]],
-                   skip: set[int], last: Callable[[list[Any]], list[Any]] | None = None
-                   ) -> list[Any]:
+    def rechecked(self, required: list[Any], inputs: Callable[[], list[Any]],
+                  skip: set[int], last: Callable[[list[Any]], list[Any]] | None = None,
+                  store: Any = None) -> list[Any]:
         """``required`` as one scalar; where a bound among it fails, the chain (and
         ``last`` on its result) is checked again without bounds, from ``inputs()``."""
         def recheck() -> list[Any]:
-            given, _, again = self._run_chain(inputs(), skip=skip, guard=True, bounds=False)
+            given, _, again = self.run_chain(inputs(), skip=skip, guard=True, bounds=False,
+                                             store=store)
             return again + (last(given) if last else [])
 
         return [self.guard.chain_finite(required, recheck)] if required else []
@@ -246,12 +263,15 @@ class Step:
         """Run the chain and assign, unless a NaN/Inf would reach the weights: one
         conditional, which only writes, decides on the gradients' finite flag and
         the chain's scalars, before the first assignment."""
+        if not compiling and self._per_variable_usable(fusion_blocker(grads, self._replicas)):
+            return self.per_variable.update(grads, finite, self._reject,
+                                            self.counters.iterations)
         if self.plan.in_place.on and not compiling and not fusion_blocker(
                 grads, self._replicas):
             return self._update_in_place(grads, finite)
-        updates, new_states, required = self._run_chain(grads, skip=self._pre_reduce,
+        updates, new_states, required = self.run_chain(grads, skip=self._pre_reduce,
                                                         guard=True)
-        required = self._rechecked(required, lambda: grads, self._pre_reduce)
+        required = self.rechecked(required, lambda: grads, self._pre_reduce)
         checks = required if finite is None else [finite, *required]
 
         def commit() -> tf.Tensor:
@@ -266,13 +286,13 @@ class Step:
         last = len(self.transforms) - 1
         store = self.state
         skip = self._pre_reduce | {last}
-        inputs, new_states, required = self._run_chain(grads, skip=skip, guard=True)
+        inputs, new_states, required = self.run_chain(grads, skip=skip, guard=True)
         checks = [] if finite is None else [finite]
         if self._guarded:  # the plan takes this path only where the last is proved
             def proved(given: list[Any]) -> list[Any]:
                 return self.guard.proved(last, given, lambda: store.read(last))
 
-            checks += self._rechecked(required + proved(inputs), lambda: grads, skip, proved)
+            checks += self.rechecked(required + proved(inputs), lambda: grads, skip, proved)
         kernel = self.kernel
         assert kernel is not None
 
@@ -322,10 +342,10 @@ class Step:
         slot is updated in one loop whose result the variable's loop reads."""
         ok = finite
         if self._guarded:
-            required = self._run_chain(grads, skip=self._pre_reduce, guard=True)[2]
+            required = self.run_chain(grads, skip=self._pre_reduce, guard=True)[2]
             # rechecked from the gradients unscaled in the branch: nothing the size of
             # the parameters is made for a branch that rarely runs
-            ok = tf.logical_and(ok, all_finite(self._rechecked(required, unscaled,
+            ok = tf.logical_and(ok, all_finite(self.rechecked(required, unscaled,
                                                                 self._pre_reduce)))
         # The gradients unscaled again, so that nothing the size of the parameters is
         # shared by the decision and the writes; compiled on a CPU, gated so that XLA
@@ -333,7 +353,7 @@ class Step:
         sequence = VariableSequence(unscaled(), self.state.variables, self.plan.sequence.on)
         record_squared_norm(sequence.grads, squared_norm(grads))
         self.kept_by_transforms = set()
-        updates, new_states, _ = self._run_chain(sequence.grads, skip=self._pre_reduce,
+        updates, new_states, _ = self.run_chain(sequence.grads, skip=self._pre_reduce,
                                                  applies=ok)
         ops = assign(self.state, new_states, updates, applies=ok, sequence=sequence,
                      kept=self.kept_by_transforms)

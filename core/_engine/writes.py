@@ -16,17 +16,17 @@ from .state import StateStore
 from .step_ops import subtract_update, value_after
 
 
-def assign(store: StateStore, new_states: dict[int, Any], updates: list[Any],
+def assign(store: Any, new_states: dict[int, Any], updates: list[Any],
            applies: tf.Tensor | None = None,
            sequence: VariableSequence | None = None,
            kept: set[int] | None = None) -> list[Any]:
-    """Subtract the updates (dropped where ``applies`` is false), write the new
-    states, then refresh half-precision variables from their masters. With a
-    ``sequence``, each variable's new value then gates the next one's gradient.
-    Compiled (``applies``), each slot the engine kept is written after its variable,
-    whose update reads the old slot: XLA then updates both in place. A slot the
-    transform kept itself (``kept``: ids, ``keep_where_skipped``) is not ordered:
-    its update reads the slot as written."""
+    """Subtract the updates (dropped where ``applies`` is false), write the new states
+    (``store``: the ``StateStore``, or one variable's view of it), then refresh half-
+    precision variables from their masters. With a ``sequence``, each variable's new
+    value then gates the next one's gradient. Compiled (``applies``), each slot the
+    engine kept is written after its variable, whose update reads the old slot: XLA then
+    updates both in place. A slot the transform kept itself (``kept``: ids,
+    ``keep_where_skipped``) is not ordered: its update reads the slot as written."""
     ops: list[Any] = []
     written: dict[int, tf.Tensor] = {}
     if store.packing is not None:  # _subtract_packed applies it to the variables

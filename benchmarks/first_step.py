@@ -1,0 +1,177 @@
+"""Time to the first step: gradpipe against Keras, every rule, each case a fresh process.
+
+    python benchmarks/first_step.py [--rules adam,nadam] [--models dense,transformer]
+                                    [--quick]
+
+What a user who restarts a script waits for before training runs:
+
+* ``dense``: 50 float32 variables of 400,000 elements; the optimizer's build,
+  then the first step in ``tf.function`` (trace, compile, run), synchronised.
+* ``transformer``: ``model.fit`` of a 67-variable, 18.8M-parameter transformer
+  encoder, the first epoch's seconds minus the second's (what tracing and
+  compiling the train step adds).
+* ``check --plan``: ``gradpipe check FILE --plan --shapes 400000*50``, the whole
+  process.
+
+Each rule runs as the Keras class and as the pipeline ``gradpipe.from_keras``
+makes of it, so both apply the same maths; ``adabelief`` is a third-party
+plugin (``_plugin.py``, installed for the run, its maths written plainly)
+against Keras ``Adam``. Each case runs in a fresh process: nothing either
+side traced or compiled before is reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import table
+from _plugin import installed_plugin
+
+RULES = ["SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adadelta", "Adamax", "Nadam",
+         "Lion", "Ftrl", "Lamb", "Adafactor", "adabelief"]
+DENSE = (50, 400_000)
+QUICK_DENSE = (4, 20_000)
+
+
+def keras_optimizer(rule: str):  # type: ignore[no-untyped-def]
+    import keras
+
+    cls = getattr(keras.optimizers, "Adam" if rule == "adabelief" else rule)
+    return cls(learning_rate=1e-3, **({"momentum": 0.9} if rule == "SGD" else {}))
+
+
+def pipeline_table(rule: str) -> dict:
+    import gradpipe
+
+    if rule == "adabelief":
+        return {"transforms": [{"kind": "bench_adabelief", "learning_rate": 1e-3}]}
+    return gradpipe.from_keras(keras_optimizer(rule))
+
+
+def first_dense_step(rule: str, side: str, quick: bool) -> float:
+    import tensorflow as tf
+
+    import gradpipe
+
+    count, size = QUICK_DENSE if quick else DENSE
+    variables = [tf.Variable(tf.random.normal([size], seed=i)) for i in range(count)]
+    grads = [tf.random.normal([size], seed=100 + i) for i in range(count)]
+    optimizer = (keras_optimizer(rule) if side == "keras"
+                 else gradpipe.build(pipeline_table(rule)))
+    start = time.perf_counter()
+    optimizer.build(variables)  # Keras's build, or the pipeline's
+    step = tf.function(lambda: optimizer.apply_gradients(zip(grads, variables)))
+    step()
+    variables[-1].numpy()
+    return time.perf_counter() - start
+
+
+def transformer(quick: bool):  # type: ignore[no-untyped-def]
+    """An encoder: an embedding of 12,000 x 512, four blocks of attention (8 heads)
+    and a 2,048-wide feed-forward layer, each with two layer norms, and a 10-way
+    classifier: 67 variables, 18.8M parameters (quick: 64 wide, vocabulary 1,000)."""
+    import keras
+
+    width, vocab, length = (64, 1_000, 8) if quick else (512, 12_000, 32)
+    tokens = keras.Input((length,), dtype="int32")
+    x = keras.layers.Embedding(vocab, width)(tokens)
+    for _ in range(4):
+        attended = keras.layers.MultiHeadAttention(8, width // 8)(x, x)
+        x = keras.layers.LayerNormalization()(x + attended)
+        hidden = keras.layers.Dense(4 * width, activation="relu")(x)
+        x = keras.layers.LayerNormalization()(x + keras.layers.Dense(width)(hidden))
+    logits = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(x))
+    return keras.Model(tokens, logits), vocab, length
+
+
+def fit_overhead(rule: str, side: str, quick: bool) -> float:
+    import keras
+    import numpy as np
+
+    import gradpipe
+
+    keras.utils.set_random_seed(0)
+    model, vocab, length = transformer(quick)
+    optimizer = (keras_optimizer(rule) if side == "keras"
+                 else gradpipe.build(pipeline_table(rule)).keras_optimizer())
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    steps, batch = 5, 16
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, vocab, size=(steps * batch, length)).astype("int32")
+    y = rng.integers(0, 10, size=steps * batch)
+    seconds = []
+    for _ in range(2):
+        start = time.perf_counter()
+        model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+        seconds.append(time.perf_counter() - start)
+    return seconds[0] - seconds[1]
+
+
+def check_plan(rule: str, quick: bool) -> float:
+    count, size = QUICK_DENSE if quick else DENSE
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "pipeline.json"
+        path.write_text(json.dumps(pipeline_table(rule)))
+        toml = Path(tmp) / "pipeline.toml"
+        subprocess.run([sys.executable, "-c", (
+            "import json, sys, tomli_w; sys.stdout.write(tomli_w.dumps("
+            f"json.load(open({str(path)!r}))))")], check=True,
+            stdout=toml.open("w"))
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "gradpipe.cli", "check", str(toml),
+                        "--plan", "--shapes", f"{size}*{count}"], check=True,
+                       capture_output=True)
+        return time.perf_counter() - start
+
+
+def run_case(args: list[str]) -> float:
+    out = subprocess.run([sys.executable, __file__, "--case", *args], check=True,
+                         capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rules", default=",".join(RULES))
+    parser.add_argument("--models", default="dense,transformer")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
+    parser.add_argument("--case", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        rule, model, side, quick = args.case
+        measure = {"dense": first_dense_step, "transformer": fit_overhead}[model]
+        print(check_plan(rule, quick == "1") if side == "check" else
+              measure(rule, side, quick == "1"))
+        return 0
+    rules = args.rules.split(",")
+    if args.quick:
+        rules = rules[:2] + (["adabelief"] if "adabelief" in rules else [])
+    quick = "1" if args.quick else "0"
+    rows = []
+    with installed_plugin():
+        for model in args.models.split(","):
+            for rule in rules:
+                ours = run_case([rule, model, "gradpipe", quick])
+                theirs = run_case([rule, model, "keras", quick])
+                check = (f"{run_case([rule, model, 'check', quick]):.2f}"
+                         if model == "dense" else "")
+                rows.append((model, rule, f"{ours:.2f}", f"{theirs:.2f}",
+                             f"{ours / theirs:.2f}", check))
+                print(rows[-1], flush=True)
+    count, size = QUICK_DENSE if args.quick else DENSE
+    print(table(f"time to the first step, seconds, each case a fresh process (dense: "
+                f"{count} x {size:,} float32; transformer: fit's first epoch minus its "
+                "second)", rows, ("model", "rule", "gradpipe", "Keras", "ratio",
+                                  "check --plan")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
