@@ -36,6 +36,20 @@ TITLES = {
 }
 
 
+#: How the engine knows each transform's outputs finite (the engine's guard and plan).
+FINITE = ("A step writes no NaN or infinity: before its first assignment every "
+          "transform's updates and new state are known finite, in one of three ways. "
+          "*Proved* from a few scalars for the transforms whose entry says so: gradpipe "
+          "knows their maths (the conditions are in the [user guide]"
+          "(../user-guide.md#what-one-step-does)). *Bounded* for any other transform, a "
+          "plugin's included, whose traced maths the engine can follow: an interval for "
+          "every value from the norms of its input and state, and a check of the chain "
+          "where a bound fails at run time. *Checked* otherwise (an operation with no "
+          "bound, such as a matrix product, or a state whose sign a bound would need): "
+          "one sum over its updates and new state. `pipe.plan` names which, and why, "
+          "for a built pipeline.")
+
+
 def _default(row: FieldRow) -> str:
     return "**required**" if row.required else f"`{row.default_text}`"
 
@@ -46,7 +60,8 @@ def _engine_notes(comp: Any) -> str:
     if comp.capabilities.describe():
         found.append("declares " + ", ".join(comp.capabilities.describe()))
     if comp.kind == "transform" and comp.name in PROVED:
-        found.append("outputs proved finite from scalars (other transforms' are checked)")
+        found.append("outputs proved finite from a few scalars, where its config "
+                     "permits")
     if comp.kernel is not None:
         found.append("a fused in-place kernel on the plain path")
     return "; ".join(found)
@@ -63,6 +78,8 @@ def render() -> str:
         if not names:
             continue
         out += [f"## {TITLES[kind]}", ""]
+        if kind == "transform":
+            out += [FINITE, ""]
         for name in names:
             comp = registry.components[(kind, name)]
             out += [f"### `{name}`", "", summary(comp), ""]
