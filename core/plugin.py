@@ -34,15 +34,8 @@ from .distribute import Placement, split_cpu, validate_group_assignment
 from .errors import ConfigError, GradpipeError, PlacementError, PluginError
 from .fields import (
     FieldError,
-    at_least,
-    greater_than,
     hyperparameter,
-    in_range,
-    increasing,
     is_constant,
-    non_negative,
-    one_of,
-    positive,
     schedule_field,
     variable_patterns,
 )
@@ -74,6 +67,15 @@ from .transform import (
     shared,
     squared_norm,
     sum_of_squares,
+)
+from .validators import (
+    at_least,
+    greater_than,
+    in_range,
+    increasing,
+    non_negative,
+    one_of,
+    positive,
 )
 
 __all__ = [
