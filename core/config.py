@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from .config_rules import Collector as _Collector
 from .config_rules import check_chain, check_lock, check_requirements
 from .errors import ConfigError, PluginError, Problem, did_you_mean
 from .fields import (
@@ -29,28 +30,11 @@ from .fields import (
 from .fields import type_name as _type_name
 from .registry import Registry, get_registry
 from .spec import ComponentSpec, GradpipeSection, PipelineOptions, PipelineSpec
-from .toml_source import line_for
 
 SECTIONS = ("gradpipe", "placement", "loss_scale", "schedules", "pipeline",
             "transforms", "convergence", "problem", "lock")
 #: Keys of a transform table that the engine handles, not the component.
 TRANSFORM_KEYS = ("variables", "exclude")
-
-
-class _Collector:
-    """Collects problems, each with file and line."""
-
-    def __init__(self, file: str | None, lines: Mapping[str, int]) -> None:
-        self.file = file
-        self.lines = lines
-        self.problems: list[Problem] = []
-
-    def add(self, path: str, message: str) -> None:
-        self.problems.append(Problem(path=path, message=message, file=self.file,
-                                     line=self.line(path)))
-
-    def line(self, path: str) -> int | None:
-        return line_for(self.lines, path)
 
 
 def parse_mapping(

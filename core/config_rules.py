@@ -14,12 +14,31 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from .entry_points import BUILTIN_DIST
+from .errors import Problem
 from .fields import type_name
 from .spec import ComponentSpec
+from .toml_source import line_for
 
 if TYPE_CHECKING:
-    from .config import _Collector
     from .registry import Registry
+
+
+class Collector:
+    """Collects problems, each with file and line."""
+
+    def __init__(self, file: str | None, lines: Mapping[str, int]) -> None:
+        self.file = file
+        self.lines = lines
+        self.problems: list[Problem] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.problems.append(Problem(path=path, message=message, file=self.file,
+                                     line=self.line(path)))
+
+    def line(self, path: str) -> int | None:
+        return line_for(self.lines, path)
+
+
 
 #: What a user who put a built-in in the wrong place may have meant.
 _BUILTIN_ALTERNATIVES = {
@@ -28,7 +47,7 @@ _BUILTIN_ALTERNATIVES = {
 }
 
 
-def check_chain(transforms: list[ComponentSpec], out: _Collector, complete: bool) -> None:
+def check_chain(transforms: list[ComponentSpec], out: Collector, complete: bool) -> None:
     """Rules between transforms, from the capabilities their plugins declared.
 
     ``conflicts = {name: reason}``: the transform cannot share a pipeline with
@@ -57,7 +76,7 @@ def check_chain(transforms: list[ComponentSpec], out: _Collector, complete: bool
         _no_update_rule(transforms, out)
 
 
-def _no_update_rule(transforms: list[ComponentSpec], out: _Collector) -> None:
+def _no_update_rule(transforms: list[ComponentSpec], out: Collector) -> None:
     # Without a rule the engine would subtract whatever the chain computes: a
     # clipped gradient at a rate of 1, no learning rate to set or report. Every
     # variable would be one no update rule selects, which the guide calls an error;
@@ -70,7 +89,7 @@ def _no_update_rule(transforms: list[ComponentSpec], out: _Collector) -> None:
             "Capabilities(update_rule=True))")
 
 
-def check_requirements(require: tuple[str, ...], out: _Collector) -> None:
+def check_requirements(require: tuple[str, ...], out: Collector) -> None:
     from packaging.requirements import InvalidRequirement, Requirement
 
     for i, text in enumerate(require):
@@ -91,7 +110,7 @@ def check_requirements(require: tuple[str, ...], out: _Collector) -> None:
                     f"wants {req.name}{req.specifier}")
 
 
-def check_lock(lock: Any, registry: Registry, out: _Collector) -> None:
+def check_lock(lock: Any, registry: Registry, out: Collector) -> None:
     if lock is None:
         return
     if not isinstance(lock, Mapping):

@@ -12,7 +12,8 @@ from conftest import ROOT
 
 @pytest.mark.parametrize("args", [["step.py"], ["step.py", "--small"],
                                   ["step.py", "--rule", "sgd", "--no-xla"], ["fit.py"],
-                                  ["startup.py"], ["memory.py"], ["compare.py"]],
+                                  ["startup.py"], ["memory.py"], ["compare.py"],
+                                  ["first_step.py", "--models", "dense"], ["rules.py"]],
                          ids=lambda a: " ".join(a))
 def test_benchmark_runs_quick(args):
     result = subprocess.run([sys.executable, *args, "--quick"], cwd=ROOT / "benchmarks",

@@ -136,3 +136,17 @@ def test_check_plan_says_how_many_functions(tmp_path, capsys):
     assert main(["check", str(path), "--shapes", "400x100*50,20*10"]) == 0
     out = capsys.readouterr().out
     assert "per variable  yes: 2 XLA functions for 60 variables" in out, out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tf.config.list_logical_devices("GPU"), reason="needs a GPU")
+def test_on_a_gpu_the_functions_give_the_cpus_numbers():
+    """Each variable's XLA function compiled for the GPU gives the plain path's numbers
+    on the CPU, and a skipped step there writes nothing either."""
+    with tf.device("/GPU:0"):
+        pipe, on_gpu = _train([{"kind": "nadam", "learning_rate": 0.01}], True)
+    assert pipe.plan.per_variable.on, pipe.plan
+    with tf.device("/CPU:0"):
+        _, on_cpu = _train([{"kind": "nadam", "learning_rate": 0.01}], False)
+    for ours, theirs in zip(on_gpu, on_cpu):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

@@ -270,11 +270,10 @@ def _structure(x: Any) -> tuple[tuple[Any, ...] | None, list[Any]]:
 
 
 def _lerp(x: Any, memo: dict[Any, Interval]) -> tuple[Interval, list[Any]] | None:
-    """``a + (b - a) * c`` for a scalar ``c`` (an EMA written as Keras writes it):
-    where ``c`` is in [0, 1], the result lies between ``a`` and ``b``, which the sum's
-    own rule loses (``a`` appears twice: a mean of squares would seem to go below
-    0). Monotone rounding keeps it so up to one rounding of each end, and keeps a
-    result of non-negative ``a`` and ``b`` non-negative. ``None``: not this form."""
+    """``a + (b - a) * c``, ``c`` a scalar in [0, 1] (Keras's EMA), lies between ``a``
+    and ``b``, which the sum's rule loses (``a`` appears twice: a mean of squares
+    would seem to go below 0); monotone rounding keeps it so up to one rounding of
+    each end, and non-negative ``a`` and ``b`` give non-negative. ``None``: not so."""
     if x.op.type not in ("AddV2", "Add"):
         return None
     for base, step in (x.op.inputs, reversed(x.op.inputs)):

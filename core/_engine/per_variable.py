@@ -25,84 +25,18 @@ import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import attrs
 import tensorflow as tf
-from tensorflow.python.ops import resource_variable_ops
 
 from ..errors import GradpipeError
-from ..names import leaf_names, variable_path
+from ..names import scope_name, variable_path
 from ..tensors import all_finite
 from ..transform import build_scope, squared_norm
-from .bounds import Interval, held_state, hull, record_state
-from .step_ops import exactly_one_after
+from .bounds import held_state, state_range
+from .one_variable import OneVariableState, one_variable_structure
+from .plan import Choice, Plan, compiled_or_why_not, random_draws
+from .separable import per_variable_blocker, probe_transform, variables_read
 from .writes import assign
-
-
-class OneVariableState:
-    """One variable's view of the state store, inside its traced function: what the
-    chain reads (``read``) and what ``writes.assign`` writes. The state a transform
-    shares between variables (a step count) comes in as values read once for all
-    variables, and its new values go out (``new_shared``): the step writes them once."""
-
-    packing = None
-    present = None
-
-    def __init__(self, var: Any, layouts: list[tuple[Any, list[bool]]],
-                 own: list[list[Any]], shared: list[list[Any]],
-                 bounds: list[Any] | None = None) -> None:
-        self.variables, self.frozen = [var], [False]
-        self._bounds = bounds
-        self.masks = [[True] for _ in layouts]
-        self._layouts, self._own, self._shared = layouts, own, shared
-        self.new_shared: list[list[Any]] = [list(values) for values in shared]
-
-    def read(self, i: int, sparse: Any = frozenset()) -> Any:
-        structure, owned = self._layouts[i]
-        own, shared = iter(self._own[i]), iter(self._shared[i])
-        values = [next(own).read_value() if mine else next(shared) for mine in owned]
-        if self._bounds is not None:  # the step's bounds of the state: no read here
-            for t, held in zip(values, self._bounds[i]):
-                if isinstance(t, tf.Tensor) and t.dtype.is_floating:
-                    record_state([t], Interval(*held))
-        return tf.nest.pack_sequence_as(structure, values)
-
-    def write(self, new_states: dict[int, Any], after: dict[int, Any] | None = None,
-              kept: set[int] | None = None) -> list[Any]:
-        ops = []
-        for i, state in new_states.items():
-            structure, owned = self._layouts[i]
-            try:
-                tf.nest.assert_same_structure(structure, state)
-            except (ValueError, TypeError) as exc:
-                raise GradpipeError(f"transform {i} returned a state whose structure "
-                                    f"differs from its init(): {exc}") from None
-            own, shared = iter(self._own[i]), iter(range(len(self._shared[i])))
-            for mine, value in zip(owned, tf.nest.flatten(state)):
-                if not mine:
-                    self.new_shared[i][next(shared)] = value
-                    continue
-                leaf = next(own)
-                value = tf.cast(value, leaf.dtype)
-                previous = None if after is None or id(value) in (kept or ()) else after.get(0)
-                if previous is not None and leaf.dtype.is_floating:
-                    value = value * exactly_one_after(previous, leaf.dtype)
-                ops.append(leaf.assign(value))
-        return ops
-
-    def refresh_from_masters(self, updates: list[Any]) -> list[Any]:
-        return []  # per-variable functions are chosen only without half-precision masters
-
-
-def one_variable_structure(structure: Any, count: int, index: int) -> Any:
-    """``structure`` (a state nest of ``count`` variables) as ``init`` gives it for
-    variable ``index`` alone: each list of one entry per variable keeps its entry."""
-    if isinstance(structure, dict):
-        return {k: one_variable_structure(v, count, index) for k, v in structure.items()}
-    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
-        return type(structure)(*(one_variable_structure(v, count, index) for v in structure))
-    if isinstance(structure, (list, tuple)):
-        items = [structure[index]] if len(structure) == count else structure
-        return type(structure)(one_variable_structure(v, count, index) for v in items)
-    return structure
 
 
 class _Guard(NamedTuple):
@@ -190,7 +124,7 @@ class PerVariable:
         concrete = function.get_concrete_function(*args)
         used_bounds = self._step.guard.used_bounds
         inputs = concrete.graph.inputs
-        per_variable = bool(_variables_read(concrete.graph.outputs[0], {
+        per_variable = bool(variables_read(concrete.graph.outputs[0], {
             t.ref(): 0 for t in inputs[:2 + sum(len(leaves) for leaves in own)]}))
         bounds_at = 2 + sum(len(leaves) for leaves in own) + sum(map(len, shared)) + 1
         pairs = sum(len(owned) for _, owned in self._layouts[j])
@@ -223,7 +157,8 @@ class PerVariable:
                     leaves = [shared[i][common]]
                     common += 1
                 if self._state_bounds and i in bounded and leaves[0].dtype.is_floating:
-                    held[i][k] = list(hull(held_state(leaves, i in ranged)))
+                    held[i][k] = list(state_range(leaves) if i in ranged
+                                      else held_state(leaves, False)[0])
         return held
 
     def trials(self) -> list[tuple[Any, tuple[Any, ...]]]:
@@ -344,115 +279,56 @@ class PerVariable:
         return tf.cond(ok | ~finite, lambda: ok, recheck)
 
 
-def probe_transform(transform: Any, context: Any) -> tuple[str, bool]:
-    """Whether ``transform`` computes each variable's updates and state from that
-    variable's gradient, state and value alone ("" if it does, else why not), and
-    whether its maths reads the variables' names (then no two variables share a
-    function): its update traced for two small variables, each output followed
-    back to the inputs it reads. A global norm of its inputs, a state shared by
-    all variables that some variable's gradient writes, or any other mixing shows
-    there."""
-    named: list[str] = []
-    variables = [_Watched(tf.zeros([3]), name="probe/bias", reads=named),
-                 _Watched(tf.zeros([2, 3]), name="probe/kernel", reads=named)]
-    paths = ["bias", "kernel"]
-    try:
-        with build_scope(context):
-            state = tf.nest.map_structure(tf.convert_to_tensor, transform.init(variables))
-        _, owners = leaf_names(state, paths)
-        specs = tf.nest.map_structure(tf.TensorSpec.from_tensor, state)
-        named.clear()  # init may name its state after the variables: only update counts
+def compile_choices(plan: Plan, step: Any, transforms: list[Any], context: Any, *,
+                    variables: list[Any], masks: list[list[bool]], frozen: list[bool],
+                    replicas: int) -> Plan:
+    """Decide how a compiled step runs: variable by variable where the chain is
+    separable (each distinct function traced now, once), else one function for
+    all; and, under "auto", whether XLA compiles what the step would run."""
+    spec = step.spec
+    names = {scope_name(i, t.name): t.name for i, t in enumerate(spec.transforms)}
+    probes: dict[int, tuple[str, bool]] = {}
 
-        def probe(grads: list[Any], old: Any) -> Any:
-            with build_scope(context):
-                context.shared.clear()
-                outputs, new = transform.update(list(grads), old, variables)
-            return list(outputs), tf.nest.flatten(new)
+    def separable(i: int) -> str:
+        probes[i] = probe_transform(transforms[i], context)
+        return probes[i][0]
 
-        concrete = tf.function(probe, autograph=False).get_concrete_function(
-            [tf.TensorSpec(v.shape, v.dtype) for v in variables], specs)
-    except Exception as exc:  # a transform that cannot be traced so runs as a whole
-        return (f"its update could not be traced for two variables "
-                f"({type(exc).__name__})", bool(named))
-    finally:
-        context.shared.clear()
-    return _mixing(concrete, variables, owners), bool(named)
-
-
-def _mixing(concrete: Any, variables: list[Any], owners: list[int | None]) -> str:
-    """Why the probe's outputs mix variables ("" where none does)."""
-    graph = concrete.graph
-    flat_inputs = graph.inputs[:2 + len(owners)]
-    source: dict[Any, int | None] = {flat_inputs[0].ref(): 0, flat_inputs[1].ref(): 1}
-    source.update({t.ref(): o for t, o in zip(flat_inputs[2:], owners)})
-    handles = {id(v.handle): k for k, v in enumerate(variables)}
-    for external, internal in graph.captures:
-        if id(external) in handles:
-            source[internal.ref()] = handles[id(external)]
-    outputs, new = concrete.structured_outputs
-    expected = [0, 1, *owners]
-    for tensor, owner in zip([*outputs, *new], expected):
-        if tensor is None:
-            continue
-        read = _variables_read(tensor, source)
-        if (owner is None and read) or (owner is not None and read - {owner}):
-            return ("mixes variables: one variable's output reads another's "
-                    "gradient, state or value (a global norm, say)")
-    return ""
+    why_not = per_variable_blocker(spec, plan, variables, masks, frozen, replicas, separable)
+    if not why_not:
+        try:
+            per_variable = PerVariable(step)
+        except GradpipeError as exc:
+            why_not = str(exc)
+    trials: list[tuple[Any, tuple[Any, ...]]]
+    if not why_not:
+        count = per_variable.trace(spec.options.check_updates,
+                                   reads_names=any(n for _, n in probes.values()))
+        trials = per_variable.trials()
+        plan = attrs.evolve(
+            plan, per_variable=Choice(True, f"{count} XLA function{'s' * (count > 1)} for "
+                                      f"{len(variables)} variables, one per distinct shape "
+                                      "and maths, each traced once"),
+            sequence=Choice(False, "each variable is updated by a function of its own"))
+        step.per_variable = per_variable
+    else:
+        plan = attrs.evolve(plan, per_variable=Choice(False, why_not))
+        trials = [(step.compiled, _whole_step_arguments(step.state))]
+    if spec.options.jit_compile == "auto":
+        why = next((w for f, args in trials if (w := compiled_or_why_not(f, args, names))), "")
+        if why:
+            step.per_variable = None
+            off = "the step is not compiled"
+            return attrs.evolve(plan, compile=Choice(False, f'"auto": {why}'),
+                                sequence=Choice(False, off), per_variable=Choice(False, off))
+    elif draws := next((d for f, args in trials if (d := random_draws(f, args, names))), ""):
+        plan = attrs.evolve(plan, compile=Choice(True, f"jit_compile = true, although {draws}"))
+    return plan
 
 
-class _Watched(resource_variable_ops.ResourceVariable):
-    """A probe variable that notes when its name is read."""
-
-    def __init__(self, *args: Any, reads: list[str], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._reads = reads
-
-    @property
-    def name(self) -> str:
-        self._reads.append("name")
-        return super().name
-
-    @property
-    def path(self) -> str:
-        self._reads.append("path")
-        return super().name.split(":")[0]
-
-
-def _variables_read(tensor: Any, source: dict[Any, int | None]) -> set[int]:
-    """The variables whose gradient, state or value ``tensor`` is computed from."""
-    found: set[int] = set()
-    seen: set[Any] = set()
-    stack = [tensor.op]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        for t in op.inputs:
-            owner = source.get(t.ref())
-            if owner is not None:
-                found.add(owner)
-            stack.append(t.op)
-    return found  # control inputs carry no values (a traced function orders its reads)
-
-
-def per_variable_blocker(spec: Any, plan: Any, variables: list[Any], masks: list[list[bool]],
-                         frozen: list[bool], replicas: int,
-                         separable: Callable[[int], str]) -> str:
-    """Why a compiled step is not run variable by variable ("" where it is);
-    ``separable(i)``: why transform ``i`` is not separable (``probe_transform``)."""
-    if plan.pack.on:
-        return "the state is packed: one function for all variables"
-    if replicas > 1 or tf.distribute.has_strategy():
-        return "the step runs under a distribution strategy"
-    if plan.clip_before_reduce:
-        return "clip_before_reduce clips each replica's gradients separately"
-    if spec.options.accumulation_steps > 1:
-        return "accumulation_steps > 1"
-    if not all(all(mask) for mask in masks) or any(frozen):
-        return "freeze, variables or exclude select among the variables"
-    if any(v.dtype not in (tf.float32, tf.float64) for v in variables):
-        return "half-precision variables are updated through float32 masters"
-    return next((f"transform {t.name} {why}" for i, t in enumerate(spec.transforms)
-                 if (why := separable(i))), "")
+def _whole_step_arguments(store: Any) -> tuple[Any, ...]:
+    """What the step hands its one XLA function, as specs: for lowering it at build
+    (tensors of the gradients' size would take the parameters' memory again)."""
+    packing = store.packing
+    if packing is not None:
+        return [tf.TensorSpec([packing.total], tf.float32)], None
+    return [tf.TensorSpec(v.shape, v.dtype) for v in store.model_variables], None

@@ -20,7 +20,7 @@ from ..components import build_component, component_spec
 from ..distribute import build_eagerly_once
 from ..errors import GradpipeError, PlacementError
 from ..fields import ScheduleRef
-from ..names import scope_name, variable_path
+from ..names import variable_path
 from ..registry import Registry, get_registry
 from ..spec import ComponentSpec, PipelineSpec
 from ..transform import BuildContext, build_scope, hyper
@@ -28,8 +28,8 @@ from .guard import how_bounded
 from .layout import LayoutState
 from .learning_rate import LearningRate
 from .packed import elementwise_mismatch
-from .per_variable import PerVariable, per_variable_blocker, probe_transform
-from .plan import Choice, Plan, compiled_or_why_not, make_plan, random_draws
+from .per_variable import compile_choices
+from .plan import Plan, make_plan
 from .proofs import proof_for
 from .selection import frozen_variables, transform_masks
 from .state import Counters, StateStore
@@ -249,60 +249,13 @@ class Pipeline(tf.Module):
                     reduce=self.placement.reduce if self.placement else list,
                     pipeline=self, scheduled=self._scheduled)
         if plan.compile.on:
-            plan = step.plan = self._compile_choices(plan, step, variables, masks, frozen,
-                                                     replicas)
+            plan = step.plan = compile_choices(
+                plan, step, self._transforms, self._context, variables=variables,
+                masks=masks, frozen=frozen, replicas=replicas)
         self._plan, self._step = plan, step
         pending, self._state.pending_restore = self._state.pending_restore, None
         if pending is not None:  # a checkpoint restored before the state existed
             self._state.restore_by_name(pending, self.layout(), "the restored checkpoint")
-
-    def _compile_choices(self, plan: Plan, step: Step, variables: list[Any],
-                         masks: list[list[bool]], frozen: list[bool], replicas: int) -> Plan:
-        """Decide how the compiled step runs: variable by variable where the chain is
-        separable (each distinct function traced now, once), else one function; and,
-        under "auto", whether XLA compiles what the step would run."""
-        names = {scope_name(i, t.name): t.name for i, t in enumerate(self._spec.transforms)}
-        probes: dict[int, tuple[str, bool]] = {}
-
-        def separable(i: int) -> str:
-            probes[i] = probe_transform(self._transforms[i], self._context)
-            return probes[i][0]
-
-        why_not = per_variable_blocker(self._spec, plan, variables, masks, frozen, replicas,
-                                       separable)
-        trials: list[tuple[Any, tuple[Any, ...]]]
-        if not why_not:
-            try:
-                per_variable = PerVariable(step)
-            except GradpipeError as exc:
-                why_not = str(exc)
-        if not why_not:
-            count = per_variable.trace(self._spec.options.check_updates,
-                                       reads_names=any(n for _, n in probes.values()))
-            trials = per_variable.trials()
-            plan = attrs.evolve(
-                plan, per_variable=Choice(True, f"{count} XLA function{'s' * (count > 1)} "
-                                          f"for {len(variables)} variables, one per distinct "
-                                          "shape and maths, each traced once"),
-                sequence=Choice(False, "each variable is updated by a function of its own"))
-            step.per_variable = per_variable
-        else:
-            plan = attrs.evolve(plan, per_variable=Choice(False, why_not))
-            trials = [(step.compiled, step.trial_arguments())]
-        if self._spec.options.jit_compile == "auto":
-            why = next((w for f, args in trials if (w := compiled_or_why_not(f, args, names))),
-                       "")
-            if why:
-                step.per_variable = None
-                return attrs.evolve(
-                    plan, compile=Choice(False, f'"auto": {why}'),
-                    sequence=Choice(False, "the step is not compiled"),
-                    per_variable=Choice(False, "the step is not compiled"))
-        elif draws := next((d for f, args in trials if (d := random_draws(f, args, names))),
-                           ""):
-            plan = attrs.evolve(plan, compile=Choice(True, f"jit_compile = true, although "
-                                                           f"{draws}"))
-        return plan
 
     def restore(self, path: str, key: str = "pipeline") -> None:
         """Restore this pipeline's state from a ``tf.train.Checkpoint`` written with

@@ -1,7 +1,8 @@
 """What one step does, along the paths the plan chose.
 
 ``Step.apply`` reduces the gradients across replicas and hands them to the
-traced step: plain, or one XLA function (``plan.compile``). The step unscales,
+traced step: plain, or compiled (``plan.compile``: one XLA function, or one per
+variable, ``gradpipe._engine.per_variable``). The step unscales,
 checks finiteness in the same pass that yields the global norm, updates the
 loss scale, and runs the chain and the assignments under one guard, so a
 skipped step changes nothing (the user guide's "What one step does").
@@ -77,9 +78,7 @@ class Step:
         # fast L2Loss kernel outside XLA, and unscaling multiplies by exactly 1).
         self._power_of_two = loss_scaler is None or bool(
             getattr(loss_scaler, "power_of_two", False))
-        # Where the plan compiles variable by variable, their functions
-        # (``per_variable.PerVariable``), set at build.
-        self.per_variable: Any = None
+        self.per_variable: Any = None  # per_variable.PerVariable, where the plan says so
         # One XLA function for the whole update: fusion across every variable.
         self.compiled = tf.function(lambda grads, present: self._step(grads, present, True),
                                     jit_compile=True, autograph=False)
@@ -89,10 +88,9 @@ class Step:
     def apply(self, pairs: list[tuple[Any, Any]]) -> tf.Tensor:
         grads, present = self._inputs(pairs)
         blocked = fusion_blocker(grads, self._replicas)
-        compiling = self.plan.compile.on and (
+        # per variable: the step calls each variable's XLA function (``_update``)
+        compiling = self.plan.compile.on and not self._per_variable_usable(blocked) and (
             self.spec.options.jit_compile is True or not blocked)
-        if compiling and self._per_variable_usable(blocked):
-            compiling = False  # the step calls each variable's XLA function (_update)
         applied = (self.compiled(grads, present) if compiling
                    else self._step(grads, present, False))
         return applied if self.state.packing is None else subtract_packed(self.state, applied)
@@ -120,12 +118,10 @@ class Step:
         finally:
             self.context.shared.clear()
 
-    def _per_variable_usable(self, blocked: str) -> bool:
-        """Whether a step traced now calls the per-variable functions: the plan chose
-        them, and nothing known only now (sparse gradients, a summary writer, a
-        strategy, a step the user compiles whole) keeps the other paths."""
-        return (self.per_variable is not None and self.plan.compile.on and not blocked
-                and not in_xla_function())
+    def _per_variable_usable(self, blocked: Any) -> bool:
+        """Per-variable functions planned, and nothing known only now keeps other paths."""
+        return bool(self.per_variable is not None and self.plan.compile.on and not blocked
+                    and not in_xla_function())
 
     def path(self, pairs: list[tuple[Any, Any]]) -> str:
         """The path a step with these gradients takes now, and why."""
@@ -140,14 +136,6 @@ class Step:
 
     def compiled_hlo(self, pairs: list[tuple[Any, Any]], stage: str) -> str:
         return self.compiled.experimental_get_compiler_ir(*self._inputs(pairs))(stage=stage)
-
-    def trial_arguments(self) -> tuple[Any, ...]:
-        """What ``apply`` hands the compiled step, as specs: for compiling it at build
-        (tensors of the gradients' size would take the parameters' memory again)."""
-        packing = self.state.packing
-        if packing is not None:
-            return [tf.TensorSpec([packing.total], tf.float32)], None
-        return [tf.TensorSpec(v.shape, v.dtype) for v in self.state.model_variables], None
 
     def _step(self, grads: list[Any], present: tf.Tensor | None, compiling: bool
               ) -> tf.Tensor:
@@ -204,7 +192,7 @@ class Step:
     # -- the chain ---------------------------------------------------------
 
     def run_chain(self, grads: list[Any], only: set[int] | None = None,
-                   skip: set[int] | None = None, applies: tf.Tensor | None = None,
+                  skip: set[int] | None = None, applies: tf.Tensor | None = None,
                   guard: bool = False, bounds: bool = True, store: Any = None
                   ) -> tuple[list[Any], dict[int, Any], list[Any]]:
         """Run the transforms in file order: the updates, the new states of those that
@@ -212,7 +200,7 @@ class Step:
         scalars under which every output is finite (``Guard``; ``bounds``: bounded
         where the plan says so). Others' state is not read: a read is a stateful op,
         which TF never prunes, so each would cost every step. ``store``: the state
-        read, the whole store's or one variable's (``per_variable``)."""
+        store, or one variable's view of it."""
         store = self.state if store is None else store
         variables = store.variables
         self.guard.used_bounds = False
@@ -245,13 +233,12 @@ class Step:
         return updates, new_states, required
 
     def rechecked(self, required: list[Any], inputs: Callable[[], list[Any]],
-                  skip: set[int], last: Callable[[list[Any]], list[Any]] | None = None,
-                  store: Any = None) -> list[Any]:
+                  skip: set[int], last: Callable[[list[Any]], list[Any]] | None = None
+                  ) -> list[Any]:
         """``required`` as one scalar; where a bound among it fails, the chain (and
         ``last`` on its result) is checked again without bounds, from ``inputs()``."""
         def recheck() -> list[Any]:
-            given, _, again = self.run_chain(inputs(), skip=skip, guard=True, bounds=False,
-                                             store=store)
+            given, _, again = self.run_chain(inputs(), skip=skip, guard=True, bounds=False)
             return again + (last(given) if last else [])
 
         return [self.guard.chain_finite(required, recheck)] if required else []
@@ -263,11 +250,11 @@ class Step:
         """Run the chain and assign, unless a NaN/Inf would reach the weights: one
         conditional, which only writes, decides on the gradients' finite flag and
         the chain's scalars, before the first assignment."""
-        if not compiling and self._per_variable_usable(fusion_blocker(grads, self._replicas)):
+        blocked = compiling or fusion_blocker(grads, self._replicas)
+        if not compiling and self._per_variable_usable(blocked):
             return self.per_variable.update(grads, finite, self._reject,
                                             self.counters.iterations)
-        if self.plan.in_place.on and not compiling and not fusion_blocker(
-                grads, self._replicas):
+        if self.plan.in_place.on and not blocked:
             return self._update_in_place(grads, finite)
         updates, new_states, required = self.run_chain(grads, skip=self._pre_reduce,
                                                         guard=True)
