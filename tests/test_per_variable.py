@@ -150,3 +150,19 @@ def test_on_a_gpu_the_functions_give_the_cpus_numbers():
         _, on_cpu = _train([{"kind": "nadam", "learning_rate": 0.01}], False)
     for ours, theirs in zip(on_gpu, on_cpu):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_the_plan_never_says_yes_to_xla_and_to_the_uncompiled_kernel(capsys):
+    """A compiled step never runs the in-place kernel: the plan says so, rather than
+    "yes" twice; where XLA is off, the kernel is back."""
+    from gradpipe.cli import main
+
+    example = "examples/mixed_precision.toml"
+    assert main(["check", example, "--shapes", "784x256,256,256x10,10"]) == 0
+    plan = capsys.readouterr().out
+    assert "XLA           yes" in plan and ("in place      no: the step is compiled (the "
+                                            "last rule's fused kernel would serve") in plan
+    pipe = gradpipe.build({"transforms": [{"kind": "adam"}],
+                           "pipeline": {"jit_compile": False}})
+    pipe.build([tf.Variable(tf.zeros([400, 100]))])
+    assert str(pipe.plan.in_place).startswith("yes: the last rule's fused kernel"), pipe.plan

@@ -34,7 +34,7 @@ from ..tensors import all_finite
 from ..transform import build_scope, squared_norm
 from .bounds import held_state, state_range
 from .one_variable import OneVariableState, one_variable_structure
-from .plan import Choice, Plan, compiled_or_why_not, random_draws
+from .plan import Choice, Plan, compiled_or_why_not, random_draws, uncompiled
 from .separable import per_variable_blocker, probe_transform, variables_read
 from .writes import assign
 
@@ -317,9 +317,7 @@ def compile_choices(plan: Plan, step: Any, transforms: list[Any], context: Any, 
         why = next((w for f, args in trials if (w := compiled_or_why_not(f, args, names))), "")
         if why:
             step.per_variable = None
-            off = "the step is not compiled"
-            return attrs.evolve(plan, compile=Choice(False, f'"auto": {why}'),
-                                sequence=Choice(False, off), per_variable=Choice(False, off))
+            return uncompiled(plan, f'"auto": {why}')
     elif draws := next((d for f, args in trials if (d := random_draws(f, args, names))), ""):
         plan = attrs.evolve(plan, compile=Choice(True, f"jit_compile = true, although {draws}"))
     return plan

@@ -186,6 +186,8 @@ def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool
         compile_ = attrs.evolve(compile_, reason=f'"auto": {compile_.reason}')
     else:
         compile_ = Choice(bool(mode), f"jit_compile = {'true' if mode else 'false'}")
+    if compile_.on and in_place.on:  # a compiled step never runs the kernel
+        in_place = _KERNEL_IDLE
     checks, bounded, ranged = _checks(spec, proved, pre_reduce, how_bounded)
     return Plan(compile=compile_, pack=pack, in_place=in_place,
                 sequence=_sequence(compile_.on, pack.on),
@@ -249,10 +251,22 @@ def _in_place(has_kernel: bool, usable: bool, pre_reduced: bool, sees_all: bool,
            "some variables are frozen" if frozen else
            "half-precision variables are updated through float32 masters" if masters else
            "the state is packed" if packed else "")
-    if why:
-        return Choice(False, why)
-    return Choice(True, "the last rule's fused kernel, where the step is not compiled "
-                        "and the fused paths are open")
+    return Choice(False, why) if why else _KERNEL_ON
+
+
+_KERNEL_IDLE = Choice(False, "the step is compiled (the last rule's fused kernel would "
+                             "serve it where it is not)")
+_KERNEL_ON = Choice(True, "the last rule's fused kernel, where the step is not compiled "
+                          "and the fused paths are open")
+
+
+def uncompiled(plan: Plan, why: str) -> Plan:
+    """``plan`` with its step not compiled after all (``why``), the in-place kernel
+    back where compiling had idled it."""
+    off = "the step is not compiled"
+    return attrs.evolve(plan, compile=Choice(False, why), sequence=Choice(False, off),
+                        per_variable=Choice(False, off),
+                        in_place=_KERNEL_ON if plan.in_place is _KERNEL_IDLE else plan.in_place)
 
 
 def _sequence(compiled: bool, packed: bool) -> Choice:
