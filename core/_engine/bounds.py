@@ -274,14 +274,15 @@ def _lerp(x: Any, memo: dict[Any, Interval]) -> tuple[Interval, list[Any]] | Non
     and ``b``, which the sum's rule loses (``a`` appears twice: a mean of squares
     would seem to go below 0); monotone rounding keeps it so up to one rounding of
     each end, and non-negative ``a`` and ``b`` give non-negative. ``None``: not so."""
-    if x.op.type not in ("AddV2", "Add"):
-        return None
+    if x.op.type not in ("AddV2", "Add") or x.shape.num_elements() == 1:
+        return None  # a scalar is its own value
     for base, step in (x.op.inputs, reversed(x.op.inputs)):
         if step.op.type != "Mul":
             continue
         for diff, c in (step.op.inputs, reversed(step.op.inputs)):
             if (diff.op.type == "Sub" and diff.op.inputs[1] is base
-                    and c.shape.num_elements() == 1):
+                    and c.shape.num_elements() == 1
+                    and all(t.ref() in memo for t in (base, diff.op.inputs[0], c, step))):
                 a, b, k = memo[base.ref()], memo[diff.op.inputs[0].ref()], memo[c.ref()]
                 within = (k.lo >= 0) & (k.hi <= 1)
                 lo, hi = tf.minimum(a.lo, b.lo), tf.maximum(a.hi, b.hi)
@@ -349,8 +350,7 @@ def state_range(tensors: Sequence[Any]) -> Interval:
 
 def record_state(tensors: Sequence[Any], held: Interval) -> None:
     """Remember that every element of ``tensors`` (a transform's state) lies in ``held``."""
-    intervals = current_context().shared.setdefault("intervals", {})
-    intervals.update({id(t): (t, held) for t in tensors})
+    current_context().shared.setdefault("intervals", {}).update({id(t): (t, held) for t in tensors})
 
 
 def within_norm(squared: Any) -> Interval:
