@@ -56,7 +56,7 @@ def _f(x: Any) -> Any:
     return tf.cast(x, tf.float32)
 
 
-def hull(parts: Sequence[Interval]) -> Interval:
+def _hull(parts: Sequence[Interval]) -> Interval:
     """The smallest interval holding ``parts``. (A NaN that min or max drops comes
     only from an infinite end, whose own interval fails its check.)"""
     return Interval(functools.reduce(tf.minimum, [p.lo for p in parts]),
@@ -65,10 +65,10 @@ def hull(parts: Sequence[Interval]) -> Interval:
 
 def _mul(a: Interval, b: Interval) -> Interval:
     if b.lo is b.hi:  # a point (a scalar, a constant): two products, not four
-        return hull([Interval(a.lo * b.lo, a.lo * b.lo), Interval(a.hi * b.lo, a.hi * b.lo)])
+        return _hull([Interval(a.lo * b.lo, a.lo * b.lo), Interval(a.hi * b.lo, a.hi * b.lo)])
     if a.lo is a.hi:
         return _mul(b, a)
-    return hull([Interval(x * y, x * y) for x in a for y in b])
+    return _hull([Interval(x * y, x * y) for x in a for y in b])
 
 
 def _abs(a: Interval) -> Interval:
@@ -125,7 +125,7 @@ def _l2_loss(op: Any, a: Interval) -> tuple[Interval, list[Any]]:
 
 
 def _same(op: Any, *inputs: Interval) -> tuple[Interval, list[Any]]:
-    return hull(inputs) if len(inputs) > 1 else inputs[0], []
+    return _hull(inputs) if len(inputs) > 1 else inputs[0], []
 
 
 _ALL_BUT_LAST = "all but last"

@@ -21,8 +21,9 @@ once per distinct function, not once per variable.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import attrs
@@ -180,21 +181,29 @@ class PerVariable:
 
     # -- the traced bodies ------------------------------------------------------
 
-    def _apply_body(self, layouts: Any, g: Any, var: Any, own: Any, shared: Any) -> Any:
-        step, context = self._step, self._step.context
-        view = OneVariableState(var, layouts, own, shared)
+    @contextlib.contextmanager
+    def _fresh_scope(self) -> Iterator[dict[str, Any]]:
+        """The pipeline's build scope with nothing shared from other traces, and nothing
+        left for them: each function traces one variable's chain on its own."""
+        context = self._step.context
         with build_scope(context):
             context.shared.clear()
             try:
-                # a constant "applies": the selects a skippable step needs fold away,
-                # and the writes are ordered as the compiled step orders them
-                applies = tf.constant(True)
-                step.kept_by_transforms = set()
-                updates, new_states, _ = step.run_chain([g], applies=applies, store=view)
-                ops = assign(view, new_states, updates, applies=applies,
-                             kept=step.kept_by_transforms)
+                yield context.shared
             finally:
                 context.shared.clear()
+
+    def _apply_body(self, layouts: Any, g: Any, var: Any, own: Any, shared: Any) -> Any:
+        step = self._step
+        view = OneVariableState(var, layouts, own, shared)
+        with self._fresh_scope():
+            # a constant "applies": the selects a skippable step needs fold away, and
+            # the writes are ordered as the compiled step orders them
+            applies = tf.constant(True)
+            step.kept_by_transforms = set()
+            updates, new_states, _ = step.run_chain([g], applies=applies, store=view)
+            ops = assign(view, new_states, updates, applies=applies,
+                         kept=step.kept_by_transforms)
         with tf.control_dependencies(ops):
             return [tf.identity(v) for v in tf.nest.flatten(view.new_shared)] + [
                 tf.constant(True)]
@@ -204,28 +213,18 @@ class PerVariable:
         """Whether the chain's outputs for ``g`` are finite, from its proofs, bounds and
         checks: the gradient's elements lie within ``bound`` (the root of the step's
         sum of squares), each transform's state within its ``state_bounds`` interval."""
-        step, context = self._step, self._step.context
         view = OneVariableState(var, layouts, own, shared, bounds=state_bounds)
-        with build_scope(context):
-            context.shared.clear()
-            try:
-                context.shared["bounds"] = {id(g): (g, bound)}
-                return all_finite(step.run_chain([g], guard=True, store=view)[2])
-            finally:
-                context.shared.clear()
+        with self._fresh_scope() as known:
+            known["bounds"] = {id(g): (g, bound)}
+            return all_finite(self._step.run_chain([g], guard=True, store=view)[2])
 
     def _recheck_body(self, layouts: Any, g: Any, var: Any, own: Any, shared: Any) -> Any:
         """The guard without bounds, for a step where a bound failed: compiled the first
         time one fails."""
-        step, context = self._step, self._step.context
         view = OneVariableState(var, layouts, own, shared)
-        with build_scope(context):
-            context.shared.clear()
-            try:
-                return all_finite(step.run_chain([g], guard=True, bounds=False,
-                                                 store=view)[2])
-            finally:
-                context.shared.clear()
+        with self._fresh_scope():
+            return all_finite(self._step.run_chain([g], guard=True, bounds=False,
+                                                   store=view)[2])
 
     # -- the step -----------------------------------------------------------------
 
