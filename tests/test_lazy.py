@@ -203,3 +203,107 @@ def test_ftrl_stays_dense_because_its_maths_moves_rows_no_gradient_touches():
             pipe.apply_gradients([(g, var)])
     assert not np.allclose(sparse_var.numpy()[3], table_start()[3])  # untouched, moved
     np.testing.assert_array_equal(sparse_var.numpy(), dense_var.numpy())
+
+
+def embedding_model():
+    import keras
+
+    ids = keras.Input((3,), dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Embedding(50, 4, name="emb")(ids))
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+
+
+def plan_row(plan, name):
+    return next(line for line in str(plan).splitlines() if line.startswith(name))
+
+
+def test_the_plan_says_which_variables_update_by_rows_and_why():
+    """`by rows` names the variables a sparse gradient updates by rows and the rule
+    that keeps them, or the transform that makes them dense (issue: only
+    `pipe.path` said so)."""
+    rows = {}
+    for name, transforms in {
+        "lazy": [{"kind": "adam", "lazy": True}],
+        "dense": [{"kind": "clip_by_global_norm", "clip_norm": 1.0}, {"kind": "adam"}],
+        "mixed": [{"kind": "adam", "lazy": True, "variables": ["emb"]},
+                  {"kind": "sgd", "momentum": 0.9, "exclude": ["emb"]}],
+    }.items():
+        pipe = gradpipe.build({"transforms": transforms})
+        pipe.build(embedding_model().trainable_variables)
+        rows[name] = plan_row(pipe.plan, "by rows")
+    assert "yes: for every variable" in rows["lazy"]
+    assert "(by adam at transforms[0] with lazy = true)" in rows["lazy"]
+    # clip_by_global_norm keeps rows; adam without lazy is what makes them dense
+    assert rows["dense"].endswith("no: a sparse gradient (an embedding lookup's) is made "
+                                  "dense by adam at transforms[1] with lazy = false")
+    assert "for 1 of 3 variables (emb/embeddings)" in rows["mixed"]
+    assert rows["mixed"].endswith("for the others sgd at transforms[1] makes it dense")
+
+
+def test_a_lazy_rule_is_never_packed_into_dense_maths():
+    """Many small variables are packed into one vector by default, which makes rows
+    dense: for a lazy rule that would change the maths silently, so the plan keeps
+    the variables apart, says why, and a sparse step leaves untouched rows alone."""
+    import keras
+
+    ids = keras.Input((3,), dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Embedding(50, 4, name="emb")(ids))
+    for _ in range(20):
+        x = keras.layers.Dense(4)(x)
+    model = keras.Model(ids, x)
+    for lazy in (False, True):
+        pipe = gradpipe.build({"transforms": [{"kind": "adam", "lazy": lazy}]})
+        pipe.build(model.trainable_variables)
+        packed = plan_row(pipe.plan, "packed state")
+        assert packed.split()[2] == ("no:" if lazy else "yes:"), packed
+    assert "transform adam updates only the rows a sparse gradient touches" in packed
+    assert "yes: for every variable" in plan_row(pipe.plan, "by rows")
+    table = model.trainable_variables[0]
+    before = table.numpy()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(tf.constant([[1, 2, 3]])))
+    grads = tape.gradient(loss, model.trainable_variables)
+    assert isinstance(grads[0], tf.IndexedSlices)
+    assert bool(pipe.apply_gradients(zip(grads, model.trainable_variables)))
+    np.testing.assert_array_equal(table.numpy()[4:], before[4:])  # untouched rows
+    assert not np.allclose(table.numpy()[1:4], before[1:4])
+    with pytest.raises(gradpipe.GradpipeError, match="pack_variables = true, but transform "
+                                                     "adam updates only the rows"):
+        gradpipe.build({"pipeline": {"pack_variables": True},
+                        "transforms": [{"kind": "adam", "lazy": True}]}
+                       ).build(model.trainable_variables)
+
+
+def test_a_transform_written_for_dense_gradients_gets_dense_ones():
+    """A plugin written plainly (``0.9 * m + 0.1 * g``) fails on an IndexedSlices: the
+    engine finds that out when it traces the chain, gives it the dense gradient
+    instead (the same step as a dense gradient takes) and the plan names it."""
+    from collections import namedtuple
+
+    from conftest import register_transform
+    from gradpipe.plugin import Capabilities, Transform, zeros_like_vars
+
+    Momentum = namedtuple("Momentum", "m")
+
+    def plain_momentum(cfg):
+        def update(grads, state, variables):
+            m = [0.9 * m + 0.1 * g for g, m in zip(grads, state.m)]
+            return [-0.5 * mi for mi in m], Momentum(m)
+
+        return Transform(lambda vs: Momentum(zeros_like_vars(vs)), update)
+
+    register_transform("plain_momentum_for_rows", plain_momentum,
+                       capabilities=Capabilities(update_rule=True))
+    grad = sparse([[1.0, 2.0, 3.0], [0.5, 0.5, 0.5]], [2, 2])
+    tables = []
+    for g in (grad, tf.convert_to_tensor(grad)):
+        tables.append(tf.Variable(table_start()))
+        pipe = gradpipe.build({"transforms": [{"kind": "plain_momentum_for_rows"}]})
+        for _ in range(2):
+            assert bool(pipe.apply_gradients([(g, tables[-1])]))
+    np.testing.assert_array_equal(tables[0].numpy(), tables[1].numpy())
+    assert not np.allclose(tables[0].numpy(), table_start())
+    pipe.build([tables[0]])
+    assert plan_row(pipe.plan, "by rows").endswith(
+        "made dense before the step: plain_momentum_for_rows at transforms[0] fails on "
+        "one (TypeError), so it gets dense gradients")

@@ -23,6 +23,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 # The per-variable path of an unpacked leaf name: replaced by each variable's path.
@@ -144,8 +145,6 @@ def elementwise_mismatch(transform: Any, context: Any) -> str:
     names, three steps of gradients at scales 1e-3 to 1e3, one of them missing: a
     transform that reads a variable's own norm, size, shape or name gives other
     numbers packed, and is run variable by variable."""
-    import numpy as np
-
     from ..transform import build_scope
 
     rng = np.random.default_rng(0)
@@ -184,6 +183,9 @@ def elementwise_mismatch(transform: Any, context: Any) -> str:
                                                          rtol=1e-5, atol=1e-6):
                         return ("is not elementwise: packed into one vector it gives "
                                 f"{name} other updates than variable by variable")
+            if _rows_differ(transform, context, split, variables, rng):
+                return ("updates only the rows a sparse gradient touches (lazy), which "
+                        "packed into one vector would be made dense")
     except NameOfPackedVariables:
         return "reads the variables' names, which packed into one vector they lack"
     except Exception as exc:
@@ -192,3 +194,24 @@ def elementwise_mismatch(transform: Any, context: Any) -> str:
     finally:
         context.shared.clear()
     return ""
+
+
+def _rows_differ(transform: Any, context: Any, state: Any, variables: list[Any],
+                 rng: Any) -> bool:
+    """Whether a sparse gradient (rows) gives other updates or state than the same
+    gradient made dense: a lazy rule, whose maths a packed step would change (sgd
+    without momentum keeps rows too, but gives the same numbers)."""
+    shape = variables[0].shape
+    rows = tf.IndexedSlices(tf.constant(rng.normal(size=(1, shape[1])).astype("f4")),
+                            tf.constant([1], tf.int64), tf.constant(shape, tf.int64))
+    outputs = []
+    for g in (rows, tf.convert_to_tensor(rows)):
+        context.shared.clear()
+        try:
+            updates, new = transform.update([g] + [None] * (len(variables) - 1), state,
+                                            variables)
+        except Exception:  # maths for dense gradients only: the step gives it dense ones
+            return False
+        outputs.append([tf.convert_to_tensor(t) for t in tf.nest.flatten([updates[0], new])
+                        if t is not None])
+    return any(not np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(*outputs))

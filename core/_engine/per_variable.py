@@ -35,9 +35,10 @@ from ..tensors import all_finite
 from ..transform import build_scope, squared_norm
 from .bounds import held_state, state_range
 from .one_variable import OneVariableState, one_variable_structure
-from .plan import Choice, Plan, compiled_or_why_not, random_draws, uncompiled
+from .plan import Choice, Plan, uncompiled
 from .separable import per_variable_blocker, probe_transform, variables_read
 from .writes import assign
+from .xla_trial import compiled_or_why_not, random_draws
 
 
 class _Guard(NamedTuple):
@@ -305,8 +306,8 @@ def compile_choices(plan: Plan, step: Any, transforms: list[Any], context: Any, 
         trials = per_variable.trials()
         plan = attrs.evolve(
             plan, per_variable=Choice(True, f"{count} XLA function{'s' * (count > 1)} for "
-                                      f"{len(variables)} variables, one per distinct shape "
-                                      "and maths, each traced once"),
+                                      f"{len(variables)} variable{'s' * (len(variables) > 1)}"
+                                      ", one per distinct shape and maths, each traced once"),
             sequence=Choice(False, "each variable is updated by a function of its own"))
         step.per_variable = per_variable
     else:

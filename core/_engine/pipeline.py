@@ -29,8 +29,9 @@ from .layout import LayoutState
 from .learning_rate import LearningRate
 from .packed import elementwise_mismatch
 from .per_variable import compile_choices
-from .plan import Plan, make_plan
+from .plan import Choice, Plan, make_plan
 from .proofs import proof_for
+from .rows import describe_rows
 from .selection import frozen_variables, transform_masks
 from .state import Counters, StateStore
 from .step import Step
@@ -90,9 +91,12 @@ class Pipeline(tf.Module):
     def plan(self) -> Plan:
         """How a step runs (XLA, packing, in place, how outputs are known finite), each
         with its reason; ``print(pipe.plan)``. Made when the pipeline is built."""
-        if self._plan is None:
+        if self._plan is None or self._step is None:
             raise GradpipeError("the plan depends on the variables: build the pipeline "
                                 "first (pipe.build(variables), or its first step)")
+        if self._plan.rows is None:  # a trace of its own, paid only by who reads it
+            self._plan = attrs.evolve(self._plan, rows=Choice(
+                *describe_rows(self._step, self._plan.pack.on)))
         return self._plan
 
     @property

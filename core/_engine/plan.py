@@ -3,7 +3,7 @@
 ``make_plan`` decides when the pipeline is built, from its spec, its
 components, the variables and the placement; ``pipe.plan`` prints the result.
 Nothing is taken on a component's word where the engine can find it out: XLA
-is tried at build (``compiled_or_why_not``), a transform's outputs are proved
+is tried at build (:mod:`gradpipe._engine.xla_trial`), a transform's outputs are proved
 finite only for gradpipe's own maths (:mod:`gradpipe._engine.proofs`) and
 checked otherwise, and a transform's state is packed into one vector only
 once it gave the same numbers run packed and variable by variable.
@@ -72,6 +72,9 @@ class Plan:
             their maths (``gradpipe._engine.bounds``), not from a check.
         ranged: those of ``bounded`` whose state is held within its range (its
             least and largest element), not its norm.
+        rows: which variables a sparse gradient (an embedding lookup's) updates by
+            rows, and why the others are made dense; found when the plan is first
+            read (``pipe.plan``), not at build.
     """
 
     compile: Choice
@@ -83,11 +86,14 @@ class Plan:
     bounded: tuple[int, ...] = ()
     ranged: tuple[int, ...] = ()
     per_variable: Choice = Choice(False, "the step is not compiled")
+    rows: Choice | None = None
 
     def __str__(self) -> str:
         rows = [("XLA", str(self.compile)), ("packed state", str(self.pack)),
                 ("in place", str(self.in_place)), ("per variable", str(self.per_variable)),
                 ("in sequence", str(self.sequence))]
+        if self.rows is not None:
+            rows.append(("by rows", str(self.rows)))
         if self.clip_before_reduce:
             rows.append(("per replica", "transforms " + ", ".join(
                 f"[{i}]" for i in self.clip_before_reduce) + " clip before the reduction"))
@@ -287,72 +293,3 @@ def fusion_blocker(grads: list[Any], replicas: int) -> str:
     if writer_may_record():
         return "a summary writer"
     return ""
-
-
-# Random ops, stateful or not (after the prefix): XLA draws other numbers than TF's
-# kernels do.
-_RANDOM = ("Random", "TruncatedNormal", "ParameterizedTruncatedNormal", "Multinomial",
-           "Uniform", "StandardNormal", "Shuffle")
-
-
-def _draws(op_type: str) -> bool:
-    kind = op_type.removeprefix("Stateless").removeprefix("Stateful")
-    return kind.startswith(_RANDOM) or op_type.startswith("Rng")
-
-
-def random_draws(function: Any, args: tuple[Any, ...], names: dict[str, str]) -> str:
-    """Which transform of ``function``'s trace for ``args`` draws random numbers ("" if
-    none): compiled, it would draw other numbers than on the plain path."""
-    for op in _all_ops(function.get_concrete_function(*args).graph):
-        if _draws(op.type):
-            return (f"{_owner(op.name, names)} draws random numbers ({op.type}), which "
-                    "XLA draws differently from the plain path")
-    return ""
-
-
-def compiled_or_why_not(function: Any, args: tuple[Any, ...], names: dict[str, str]
-                        ) -> str:
-    """Lower ``function`` (``jit_compile=True``) for ``args`` to XLA: "" if it compiles
-    and gives what the plain step gives, else why not, naming the transform
-    (``names``: name scope -> transform). The trace is the one the step reuses."""
-    draws = random_draws(function, args, names)
-    if draws:
-        return draws
-    try:
-        _lower(function, args)
-    except Exception as exc:  # XLA reports unsupported ops as ValueError/InvalidArgument
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"{_owner(first, names)} failed to compile: {first[:300]}"
-    return ""
-
-
-def _lower(function: Any, args: tuple[Any, ...]) -> str:
-    """The HLO of a traced ``jit_compile`` function: XLA lowers it or raises. Given
-    specs, from the trace alone, so no argument of the parameters' size is allocated
-    for it; given the arguments themselves (variables among them, which TF lowers
-    only so), from the trace these arguments reuse."""
-    if not any(isinstance(a, tf.TensorSpec) for a in tf.nest.flatten(args)):
-        return str(function.experimental_get_compiler_ir(*args)(stage="hlo"))
-    from tensorflow.python.eager.polymorphic_function import compiler_ir
-
-    concrete = function.get_concrete_function(*args)
-    specs = [s for s in tf.nest.flatten(concrete.structured_input_signature)
-             if isinstance(s, tf.TensorSpec)]  # not the None of absent arguments
-    return str(compiler_ir.from_concrete_function(concrete, specs)(stage="hlo"))
-
-
-def _all_ops(graph: Any) -> list[Any]:
-    ops = list(graph.get_operations())
-    for function in getattr(graph, "_functions", {}).values():
-        inner = getattr(function, "graph", None)
-        if inner is not None:
-            ops += _all_ops(inner)
-    return ops
-
-
-def _owner(text: str, names: dict[str, str]) -> str:
-    """The transform whose name scope appears in ``text`` (an op name or an error)."""
-    for scope, name in names.items():
-        if f"{scope}/" in text:
-            return f"transform {name}"
-    return "the step"

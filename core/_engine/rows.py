@@ -14,6 +14,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from ..names import variable_path
+from ..transform import build_scope
+
 Chain = Callable[[list[Any]], tuple[list[Any], dict[int, Any]]]
 
 
@@ -49,8 +52,11 @@ def chain_keeps_rows(chain: Callable[[list[Any]], tuple[list[Any], dict[int, Any
         found.append(any(isinstance(t, tf.IndexedSlices)
                          for t in tf.nest.flatten([updates, list(new_states.values())])))
 
-    tf.function(probe, autograph=False).get_concrete_function(
-        *[_spec(g, dtype) for g, dtype in zip(grads, dtypes)])
+    try:
+        tf.function(probe, autograph=False).get_concrete_function(
+            *[_spec(g, dtype) for g, dtype in zip(grads, dtypes)])
+    except Exception:  # a transform written for dense gradients only: give it them
+        return False
     return found[0]
 
 
@@ -63,3 +69,91 @@ def _spec(g: Any, dtype: Any) -> Any:
             shape=g.shape, dtype=dtype, indices_dtype=g.indices.dtype,
             dense_shape_dtype=None if g.dense_shape is None else g.dense_shape.dtype)
     return tf.TensorSpec(g.shape, dtype)
+
+
+def describe_rows(step: Any, packed: bool) -> tuple[bool, str]:
+    """For the plan: which variables a sparse gradient (an embedding lookup's) updates
+    by rows, and why the others are made dense. ``step``: a built ``Step``.
+
+    Found by tracing each transform in turn, in a function that is never run, with a
+    sparse gradient for one variable of each distinct shape, dtype and selection."""
+    variables, masks = step.state.variables, step.state.masks
+    if packed:
+        return False, "the state is packed into one vector, where rows are made dense"
+    groups: dict[Any, list[int]] = {}
+    for j, v in enumerate(variables):
+        if v.shape.rank and not step.state.frozen[j]:
+            key = (tuple(v.shape), v.dtype, tuple(m[j] for m in masks))
+            groups.setdefault(key, []).append(j)
+    if not groups:
+        return False, "no variable has rows (every one is a scalar or frozen)"
+    firsts = {members[0] for members in groups.values()}
+    try:
+        dense_by = _first_to_densify(step, firsts)
+    except _Refused as refused:
+        t = step.spec.transforms[refused.index]
+        return False, (f"a sparse gradient (an embedding lookup's) is made dense before "
+                       f"the step: {t.name} at {t.path} fails on one "
+                       f"({type(refused.cause).__name__}), so it gets dense gradients")
+    by_rows = [j for members in groups.values() for j in members
+               if dense_by[members[0]] is None]
+    candidates = sum(len(members) for members in groups.values())
+
+    def named(indices: set[int]) -> str:
+        return ", ".join(f"{t.name} at {t.path}" + (
+            f" with lazy = {str(t.config.lazy).lower()}" if hasattr(t.config, "lazy") else "")
+            for t in (step.spec.transforms[i] for i in sorted(indices)))
+
+    densifying = named({i for i in dense_by.values() if i is not None})
+    lookup = "a sparse gradient (an embedding lookup's)"
+    if not by_rows:
+        return False, f"{lookup} is made dense by {densifying}"
+    keeping = named({max(i for i, m in enumerate(masks) if m[j]) for j in by_rows})
+    which = ("for every variable" if len(by_rows) == candidates else
+             f"for {len(by_rows)} of {candidates} variables (" + ", ".join(
+                 variable_path(variables[j]) for j in by_rows[:4])
+             + (f" and {len(by_rows) - 4} more" if len(by_rows) > 4 else "") + ")")
+    text = (f"{which}, {lookup} updates only the rows it touches, on the plain step "
+            f"(by {keeping})")
+    return True, text + (f"; for the others {densifying} makes it dense" if densifying
+                         else "")
+
+
+def _first_to_densify(step: Any, sparse: set[int]) -> dict[int, int | None]:
+    """For each variable in ``sparse``, the first transform that turns its sparse
+    gradient into a dense update, ``None`` where it stays rows to the end."""
+    found: dict[int, int | None] = {j: None for j in sparse}
+    skip = set(step.plan.clip_before_reduce)
+
+    def probe(*given: Any) -> None:
+        updates = list(given)
+        for i in range(len(step.spec.transforms)):
+            if i in skip:
+                continue
+            try:
+                updates = step.run_chain(updates, only={i})[0]
+            except Exception as exc:
+                raise _Refused(i, exc) from exc
+            for j in sparse:
+                if found[j] is None and not isinstance(updates[j], tf.IndexedSlices):
+                    found[j] = i
+
+    specs = [tf.IndexedSlicesSpec(shape=v.shape, dtype=dtype, indices_dtype=tf.int64,
+                                  dense_shape_dtype=tf.int64)
+             if j in sparse else None
+             for j, (v, dtype) in enumerate(zip(step.state.variables,
+                                                 step.state.compute_dtypes))]
+    with build_scope(step.context):
+        try:
+            tf.function(probe, autograph=False).get_concrete_function(*specs)
+        finally:
+            step.context.shared.clear()
+    return found
+
+
+class _Refused(Exception):
+    """Transform ``index`` failed on a sparse gradient: the step gives it dense ones."""
+
+    def __init__(self, index: int, cause: Exception) -> None:
+        super().__init__(index, cause)
+        self.index, self.cause = index, cause
