@@ -16,6 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from ..spec import PipelineSpec
 from ..tensors import all_finite
 from ..transform import BuildContext, build_scope
 from .bounds import Unbounded, bound_outputs, held_state, record_bounds, squared_bound, within_norm
@@ -121,14 +122,39 @@ def _bind(probe: Callable[..., Any], ranged: bool) -> Callable[[Any, Any], Any]:
 BY_NORM, BY_RANGE = "norm", "range"
 
 
-def how_bounded(transform: Any, context: Any) -> str:
+# how_bounded's answers in this process, by what makes a transform's maths: tracing
+# the bounds costs about a second for an adaptive rule, paid again by every pipeline
+# built with the same rule (tests, notebooks, a sweep) for the same answer
+_ANSWERS: dict[Any, str] = {}
+
+
+def maths_key(spec: PipelineSpec, i: int, transform: Any) -> Any:
+    """What transform ``i``'s maths depends on: its component and version, its config,
+    the schedules of the file (a field may name one) and the code of its update."""
+    t = spec.transforms[i]
+    return (t.dist, t.version, t.name, repr(t.config), repr(spec.schedules),
+            getattr(transform.update, "__code__", transform.update))
+
+
+def how_bounded(transform: Any, context: Any, key: Any = None) -> str:
     """``BY_NORM`` or ``BY_RANGE`` where the engine bounds ``transform``'s maths, else
     why not: its update traced once for two small variables and run on ordinary
     values (unit gradients, a state of 0.5), its state held within its norm, and
     else within its range (its least and largest element, one more pass over it:
     what proves the square root of a running mean of squares, which the norm
     cannot). Where both fail even there, every step would be checked after all,
-    and the transform is checked from the start."""
+    and the transform is checked from the start. Given a ``key`` (``maths_key``),
+    the answer is found once per process. It only picks the guard's mode: each
+    step's bounds are traced from the step's own maths, and fall back to a check."""
+    if key not in _ANSWERS or key is None:
+        answer = _how_bounded(transform, context)
+        if key is None:
+            return answer
+        _ANSWERS[key] = answer
+    return _ANSWERS[key]
+
+
+def _how_bounded(transform: Any, context: Any) -> str:
     variables = [tf.Variable(tf.zeros([3]), name="probe/bias"),
                  tf.Variable(tf.zeros([2, 3]), name="probe/kernel")]
     found: list[str] = []

@@ -268,15 +268,20 @@ class PerVariable:
                 results.append(guard.function(grads[j], variables[j], self._own[j], shared,
                                               bound, held))
         ok = all_finite(results)
-        if not any(self._guards[j].recheck is not None for j in present):
+        rechecked = [j for j in present if self._guards[j].recheck is not None]
+        if not rechecked:
             return ok
 
-        def recheck() -> tf.Tensor:
-            return all_finite([self._guards[j].recheck(grads[j], variables[j], self._own[j],
-                                                       shared)
-                               for j in present if self._guards[j].recheck is not None])
+        def recheck(*given: Any) -> tf.Tensor:
+            # Run eagerly, when a bound fails (rare): traced and compiled only then,
+            # so the step's own trace and first run pay nothing for it. No write can
+            # come between the step's reads and these: the writes wait for the guard.
+            now = [[leaf.read_value() for leaf in leaves] for leaves in self._shared]
+            return all_finite([self._guards[j].recheck(g, variables[j], self._own[j], now)
+                               for j, g in zip(rechecked, given)])
 
-        return tf.cond(ok | ~finite, lambda: ok, recheck)
+        return tf.cond(ok | ~finite, lambda: ok, lambda: tf.reshape(tf.py_function(
+            recheck, [grads[j] for j in rechecked], Tout=tf.bool), []))
 
 
 def compile_choices(plan: Plan, step: Any, transforms: list[Any], context: Any, *,

@@ -24,7 +24,7 @@ from ..names import variable_path
 from ..registry import Registry, get_registry
 from ..spec import ComponentSpec, PipelineSpec
 from ..transform import BuildContext, build_scope, hyper
-from .guard import how_bounded
+from .guard import how_bounded, maths_key
 from .layout import LayoutState
 from .learning_rate import LearningRate
 from .packed import elementwise_mismatch
@@ -242,7 +242,8 @@ class Pipeline(tf.Module):
                 getattr(self.placement, "clip_before_reduce", False)),
             elementwise_probe=lambda i: elementwise_mismatch(self._transforms[i],
                                                              self._context),
-            how_bounded=lambda i: how_bounded(self._transforms[i], self._context))
+            how_bounded=lambda i: how_bounded(self._transforms[i], self._context, maths_key(
+                self._spec, i, self._transforms[i])))
         self._state.build(variables, transforms=self._transforms, strategy=self.strategy,
                           masks=masks, frozen=frozen, pack=plan.pack.on)
         step = Step(spec=self._spec, transforms=self._transforms, kernel=self._kernel,
