@@ -1,9 +1,12 @@
 """The benchmarks' third-party plugin: a real distribution, installed for a run.
 
 ``installed_plugin()`` writes ``gradpipe-bench-plugin`` to a temporary
-directory, installs it with pip into this environment (a fresh process then
-finds it through its entry point) and uninstalls it at the end. Its transforms
-are written as the plugin guide writes one, nothing declared:
+directory as an installed distribution (the module and its ``.dist-info`` with
+the entry point) and puts that directory on the path of this process and of the
+processes it starts, which find the plugin through its entry point as they
+find any installed one. Nothing is installed into the environment, so runs
+side by side do not disturb each other. Its transforms are written as the
+plugin guide writes one, nothing declared:
 
 * ``bench_scale``: ``g * factor``, stateless;
 * ``bench_ema``: ``m = decay * m + g``, the update ``m``;
@@ -14,7 +17,7 @@ are written as the plugin guide writes one, nothing declared:
 from __future__ import annotations
 
 import contextlib
-import subprocess
+import os
 import sys
 import tempfile
 import textwrap
@@ -118,33 +121,34 @@ def gradpipe_register_transforms(register):
              capabilities=Capabilities(update_rule=True))
 '''
 
-PYPROJECT = f'''
-[build-system]
-requires = ["setuptools>=61"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "{DIST}"
-version = "0.1"
-
-[project.entry-points.gradpipe]
-bench = "gradpipe_bench_plugin"
-
-[tool.setuptools]
-py-modules = ["gradpipe_bench_plugin"]
-'''
+METADATA = f"Metadata-Version: 2.1\nName: {DIST}\nVersion: 0.1\n"
+ENTRY_POINTS = "[gradpipe]\nbench = gradpipe_bench_plugin\n"
+_active: list[str] = []  # the site directory while a run has the plugin
 
 
 @contextlib.contextmanager
 def installed_plugin() -> Iterator[None]:
-    """The plugin, installed into this environment while the block runs."""
-    pip = [sys.executable, "-m", "pip", "-q"]
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "gradpipe_bench_plugin.py").write_text(textwrap.dedent(PLUGIN))
-        (Path(tmp) / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
-        subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", tmp],
-                       check=True)
-    try:
+    """The plugin, installed while the block runs (already there: nothing more). In
+    this process it is found only if gradpipe's registry is loaded after this."""
+    if _active:
         yield
-    finally:
-        subprocess.run([*pip, "uninstall", "-y", DIST], check=False)
+        return
+    with tempfile.TemporaryDirectory() as site:
+        (Path(site) / "gradpipe_bench_plugin.py").write_text(textwrap.dedent(PLUGIN))
+        info = Path(site) / "gradpipe_bench_plugin-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(METADATA)
+        (info / "entry_points.txt").write_text(ENTRY_POINTS)
+        before = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [site, before]))
+        sys.path.insert(0, site)
+        _active.append(site)
+        try:
+            yield
+        finally:
+            _active.clear()
+            sys.path.remove(site)
+            if before is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = before

@@ -17,7 +17,8 @@ Each rule runs as the Keras class and as the pipeline ``gradpipe.from_keras``
 makes of it, so both apply the same maths; ``adabelief`` is a third-party
 plugin (``_plugin.py``, installed for the run, its maths written plainly)
 against Keras ``Adam``. Each case runs in a fresh process: nothing either
-side traced or compiled before is reused.
+side traced or compiled before is reused (``--quick``, a smoke run of the code
+at tiny sizes, runs them in this one).
 """
 
 from __future__ import annotations
@@ -132,9 +133,19 @@ def check_plan(rule: str, quick: bool) -> float:
 
 
 def run_case(args: list[str]) -> float:
+    """One case in a fresh process; a smoke run (quick) keeps to this one."""
+    if args[-1] == "1":
+        return case(*args)
     out = subprocess.run([sys.executable, __file__, "--case", *args], check=True,
                          capture_output=True, text=True)
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def case(rule: str, model: str, side: str, quick: str) -> float:
+    if side == "check":
+        return check_plan(rule, quick == "1")
+    measure = {"dense": first_dense_step, "transformer": fit_overhead}[model]
+    return measure(rule, side, quick == "1")
 
 
 def main() -> int:
@@ -145,10 +156,7 @@ def main() -> int:
     parser.add_argument("--case", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
-        rule, model, side, quick = args.case
-        measure = {"dense": first_dense_step, "transformer": fit_overhead}[model]
-        print(check_plan(rule, quick == "1") if side == "check" else
-              measure(rule, side, quick == "1"))
+        print(case(*args.case))
         return 0
     rules = args.rules.split(",")
     if args.quick:  # a smoke run: one rule, the plugin, each through every path

@@ -18,7 +18,6 @@ plainly), against Keras ``Adam`` and gradpipe's built-in ``adam``.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 
 from _common import interleaved_samples, paired_ratio, table
@@ -74,18 +73,14 @@ def main() -> int:
     parser.add_argument("--rules", default=",".join(RULES))
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
-    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     rules = args.rules.split(",")
     if args.quick:
         rules, args.repeats = ["Adam", "adabelief"], 3
-    if args.measure:
-        count, size = (4, 20_000) if args.quick else (50, 400_000)
+    count, size = (4, 20_000) if args.quick else (50, 400_000)
+    with installed_plugin():
         measure(rules, count, size, args.repeats)
-        return 0
-    with installed_plugin():  # a fresh process finds the newly installed entry point
-        return subprocess.run([sys.executable, __file__, "--measure", *sys.argv[1:]],
-                              check=False).returncode
+    return 0
 
 
 if __name__ == "__main__":

@@ -63,8 +63,8 @@ def main() -> None:
                         help="leave out the XLA cases (c) and (d)")
     args = parser.parse_args()
     if args.quick:
-        args.params, args.repeats = 200_000, 3
-        args.variables = args.variables or (40 if args.small else 10)
+        args.params, args.repeats = 80_000, 3
+        args.variables = args.variables or (16 if args.small else 4)  # 16: packed
     if args.repeats is None:  # tracing 2,000 variables takes minutes, their rounds 0.7 s
         args.repeats = 5 if args.small else 61
     import keras

@@ -29,7 +29,6 @@ The plan of every pipeline is printed (compiled, packed, in place, checked).
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from typing import Any
 
@@ -46,13 +45,9 @@ def main() -> int:
                         help="rounds (default 31; 7 with --small)")
     parser.add_argument("--small", action="store_true", help="many small variables")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
-    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.measure:
+    with installed_plugin():
         return measure(args)
-    with installed_plugin():  # a fresh process finds the newly installed entry point
-        return subprocess.run([sys.executable, __file__, "--measure", *sys.argv[1:]],
-                              check=False).returncode
 
 
 def measure(args: argparse.Namespace) -> int:
@@ -64,8 +59,8 @@ def measure(args: argparse.Namespace) -> int:
     provider = get_registry().get("transform", "bench_scale").provider
     assert provider.dist == DIST, provider  # the installed plugin, through its entry point
     if args.quick:
-        args.params, args.repeats = 200_000, 3
-        args.variables = args.variables or (40 if args.small else 10)
+        args.params, args.repeats = 80_000, 3
+        args.variables = args.variables or (16 if args.small else 4)
     if args.repeats is None:
         args.repeats = 7 if args.small else 31
     if args.small:
