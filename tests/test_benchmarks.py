@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
+@pytest.mark.slow
 def test_every_benchmark_runs_quick():
     """Every script at its quick sizes, in one process (``benchmarks/_smoke.py``)."""
     result = subprocess.run([sys.executable, "_smoke.py"], cwd=ROOT / "benchmarks",

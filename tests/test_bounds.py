@@ -72,6 +72,7 @@ ELEMENTS = st.sampled_from([0.0, 1e-30, 1.0, -3.0, 60.0, 1e10, 1e19, -1e19, -2e1
        grads=st.lists(st.lists(ELEMENTS, min_size=3, max_size=3), min_size=1, max_size=3))
 # equal norms of state and gradient: a difference rule that subtracted the wrong ends
 # would bound (m - g) by 0, and a product of it by 0 too
+@pytest.mark.slow
 @example(name="difference", jit=True, state=[1e19, 0.0, 0.0], grads=[[-1e19, 0.0, 0.0]])
 @example(name="difference", jit=False, state=[1e19, 0.0, 0.0], grads=[[-1e19, 0.0, 0.0]])
 def test_a_step_is_applied_exactly_when_its_outputs_are_finite(name, jit, state, grads):

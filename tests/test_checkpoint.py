@@ -39,6 +39,7 @@ KILL_POINTS = sorted(int(k) for k in np.random.default_rng(2024).choice(
     np.arange(2, TOTAL - 1), size=3, replace=False))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_at", KILL_POINTS)
 def test_sigkill_then_resume_is_bitwise_equal(kill_at, uninterrupted, tmp_path):
     """SIGKILL at a step, resume from the latest checkpoint: identical final state."""
@@ -207,6 +208,7 @@ def test_a_checkpoint_of_an_older_state_layout_is_a_loud_error(tmp_path):
         pipe.restore(path)
 
 
+@pytest.mark.slow
 def test_cli_resume_with_another_pipeline_names_the_difference(tmp_path, write_toml):
     """gradpipe run --checkpoint-dir resumes by name; another pipeline's directory is
     a clear error before any step, not a raw traceback or a fresh start."""

@@ -1,21 +1,20 @@
-"""The command line, run as a user runs it: a real process."""
+"""The command line as a user runs it (``run``, ``schedule`` and ``check --plan`` in
+this process, where TensorFlow is imported already; the others in a new one)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, gradpipe_command
 
 
 def gradpipe_cli(*args: str, env: dict[str, str] | None = None):
-    return subprocess.run([sys.executable, "-m", "gradpipe.cli", *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=300)
+    return gradpipe_command(*args, env=env, timeout=300)
 
 
 def test_plugins_json_lists_builtins_with_provenance():
@@ -39,6 +38,7 @@ def test_check_ok_prints_resolved_pipeline():
     assert "beta_2 = 0.999" in result.stdout  # defaults filled in
 
 
+@pytest.mark.slow
 def test_check_plan_shows_each_choice_with_its_reason():
     example = str(ROOT / "examples" / "mixed_precision.toml")
     planned = gradpipe_cli("check", example, "--plan", "--shapes", "784x256,256,256x10,10")
@@ -52,6 +52,7 @@ def test_check_plan_shows_each_choice_with_its_reason():
     assert wrong.returncode == 1 and "--shapes '7x'" in wrong.stderr
 
 
+@pytest.mark.slow
 def test_check_shapes_repeat_a_shape_and_imply_plan():
     """`--shapes 64x64*20,10` is 21 variables, and plans without --plan (it was
     ignored); `--problem` with `--shapes` is a usage error."""
@@ -134,6 +135,7 @@ def test_listing_and_checking_do_not_import_tensorflow(command):
     assert time.perf_counter() - start < 30
 
 
+@pytest.mark.slow
 def test_run_quickstart_reaches_target():
     result = gradpipe_cli("run", str(ROOT / "examples" / "quickstart.toml"), "--json")
     assert result.returncode == 0, result.stderr
@@ -143,6 +145,7 @@ def test_run_quickstart_reaches_target():
     assert summary["distance_to_optimum"] < 0.05
 
 
+@pytest.mark.slow
 def test_run_other_problem_and_text_summary():
     result = gradpipe_cli("run", str(ROOT / "examples" / "quickstart.toml"),
                           "--problem", "rosenbrock", "--steps", "50")
@@ -151,6 +154,7 @@ def test_run_other_problem_and_text_summary():
     assert "steps                 50" in result.stdout
 
 
+@pytest.mark.slow
 def test_run_summary_says_what_did_not_happen_without_printing_none():
     """No criterion fired and the target was never reached: the text says so in
     words (JSON keeps null)."""
@@ -170,6 +174,7 @@ def test_run_without_problem_is_clear(write_toml):
     assert "no problem to run" in result.stderr
 
 
+@pytest.mark.slow
 def test_schedule_csv_json_and_plot(tmp_path):
     example = str(ROOT / "examples" / "openseq2seq.toml")
     csv = gradpipe_cli("schedule", example, "--steps", "3", "--csv")

@@ -51,6 +51,7 @@ def tfrs_results():
     return dict(zip([c["name"] for c in CASES], json.loads(result.stdout)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_parity_with_tfrs(case, tfrs_results):
     """12 steps: variable, accumulator and every exported factor match (rtol 1e-5)."""

@@ -10,16 +10,16 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, gradpipe_command
 
 EXAMPLES = ROOT / "examples"
 
 
 def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gradpipe.cli", "run", *map(str, args)],
-                          capture_output=True, text=True, timeout=600, cwd=cwd)
+    return gradpipe_command("run", *args, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_three_pipelines_two_seeds_one_table_a_folder_and_a_rerun(tmp_path):
     """Same problem, same seeds for every pipeline; the folder reruns to the same
     numbers; TensorBoard gets one run per pipeline and seed."""
@@ -74,6 +74,7 @@ def test_three_pipelines_two_seeds_one_table_a_folder_and_a_rerun(tmp_path):
     assert replaced.returncode == 0, replaced.stderr
 
 
+@pytest.mark.slow
 def test_a_grid_of_sweeps_is_one_row_per_combination(tmp_path):
     result = run(EXAMPLES / "quickstart.toml", "--steps", "30", "--quiet", "--json",
                  "--set", "schedules.lr.learning_rate=0.01,0.1",
@@ -90,6 +91,7 @@ def test_a_grid_of_sweeps_is_one_row_per_combination(tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_set_on_one_file_changes_what_trains():
     plain = run(EXAMPLES / "quickstart.toml", "--steps", "20", "--json", "--quiet")
     changed = run(EXAMPLES / "quickstart.toml", "--steps", "20", "--json", "--quiet",
@@ -140,6 +142,7 @@ def test_the_same_key_set_twice_is_a_usage_error(sets, expected):
     assert expected in result.stderr
 
 
+@pytest.mark.slow
 def test_digits_reports_test_accuracy():
     result = run(EXAMPLES / "quickstart.toml", "--problem", "digits", "--steps", "150",
                  "--json", "--quiet")
@@ -149,6 +152,7 @@ def test_digits_reports_test_accuracy():
     assert 0.8 <= summary["test_accuracy"] <= 1.0  # 150 steps of Adam on real digits
 
 
+@pytest.mark.slow
 def test_digits_without_scikit_learn_is_a_clear_error(tmp_path):
     """The data set is an optional extra: without it, a one-line install hint."""
     blocker = tmp_path / "sklearn"
@@ -164,6 +168,7 @@ def test_digits_without_scikit_learn_is_a_clear_error(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_outputs_are_checked_before_the_first_step_and_never_replace_other_files(tmp_path):
     quickstart = EXAMPLES / "quickstart.toml"
     mine = tmp_path / "mine"
@@ -193,6 +198,7 @@ def test_outputs_are_checked_before_the_first_step_and_never_replace_other_files
         mixed.stderr
 
 
+@pytest.mark.slow
 def test_a_rerun_says_whether_it_matches_the_saved_numbers_and_check_fails_if_not(
         tmp_path):
     """`gradpipe run DIR` compares the rerun with what the folder saved, run by run
@@ -236,6 +242,7 @@ def test_a_rerun_says_whether_it_matches_the_saved_numbers_and_check_fails_if_no
     assert files.returncode == 1 and "give the folder of an earlier --output" in files.stderr
 
 
+@pytest.mark.slow
 def test_a_comparison_off_a_terminal_prints_a_line_per_run_with_the_time_left():
     """A log gets one line per run of an 18-run sweep, with its result and the whole
     comparison's progress and time left; not a line every 10% of every run (180)."""
@@ -252,6 +259,7 @@ def test_a_comparison_off_a_terminal_prints_a_line_per_run_with_the_time_left():
                          r"\[\d\d:\d\d<\d\d:\d\d, ", line), line
 
 
+@pytest.mark.slow
 def test_a_comparison_on_a_terminal_shows_the_progress_of_all_runs(tmp_path):
     """On a terminal a bar for all runs (steps done of all, time left) stays under
     the running run's bar, and each finished run's result is printed above."""

@@ -8,6 +8,7 @@ from conftest import register_transform
 from gradpipe.testing import check_component, contract_cases
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, name", contract_cases(dist="gradpipe"))
 def test_builtin_contract(kind, name):
     check_component(kind, name)

@@ -24,6 +24,7 @@ def installed(request):
     return request.param
 
 
+@pytest.mark.slow
 def test_contrib_tests_pass(installed):
     """Each contrib package's own test suite passes against this core."""
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -32,6 +33,7 @@ def test_contrib_tests_pass(installed):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_agc_pipeline_from_toml(tmp_path):
     """A TOML pipeline that requires and uses `agc` runs in a fresh process."""
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",

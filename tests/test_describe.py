@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from test_cli import gradpipe_cli
 
 from conftest import ROOT
@@ -113,6 +114,7 @@ def test_a_required_key_is_marked():
     assert "one of 'clip', 'scale'" in row(result.stdout, "mode")  # a Literal type
 
 
+@pytest.mark.slow
 def test_kind_may_be_given_as_a_word_or_an_option():
     by_word = gradpipe_cli("describe", "transform", "adam")
     by_option = gradpipe_cli("describe", "--kind", "transform", "adam")

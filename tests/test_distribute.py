@@ -143,6 +143,7 @@ def train(placement, x, y, *, lazy=False, function=True):
     return pipe, strategy, w, b
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("function", [True, False], ids=["tf.function", "eager"])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("replicas", [2, 4])
@@ -229,6 +230,7 @@ def _free_ports(n):
     return ports
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lazy", [False, True], ids=["built", "built-on-first-apply"])
 def test_multi_worker_two_processes(tmp_path, lazy):
     """Two workers on localhost end identical, and equal a single run on the global
@@ -263,6 +265,7 @@ def test_multi_worker_two_processes(tmp_path, lazy):
     assert_close(results[0]["b"], reference["b"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_cli_run_with_mirrored_placement(write_toml):
     path = write_toml("""
         [placement]

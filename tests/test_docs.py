@@ -13,6 +13,7 @@ from gradpipe import hookspecs
 from gradpipe.cli import _parser
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_every_python_block_of_the_docs_runs(tmp_path):
     """Each page's ```python blocks run in order in one namespace, from a folder that
@@ -42,6 +43,7 @@ def test_mkdocs_builds_strict(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_component_reference_is_generated_from_code():
     result = subprocess.run([sys.executable, "docs/gen_reference.py", "--check"], cwd=ROOT,
                             capture_output=True, text=True)
@@ -162,6 +164,7 @@ def test_plugin_guide_criterion_stops_minimize():
     assert result.steps == first + 1
 
 
+@pytest.mark.slow
 def test_plugin_guide_step_count_is_that_of_applied_updates(tmp_path):
     """The guide's bias-corrected rule keeps its step count in its state: it passes
     the contract suite, counts applied updates only (accumulation, a skipped step),
@@ -287,6 +290,7 @@ def test_run_help_gives_each_problems_own_default_steps():
     assert f"without default_steps {DEFAULT_STEPS}" in help_text
 
 
+@pytest.mark.slow
 def test_getting_started_comparison_is_what_the_command_prints():
     """The comparison table in getting-started.md is rerun here and must match in
     every column but steps/s; docs/gen_comparison.py rewrites it and the picture."""
@@ -296,6 +300,7 @@ def test_getting_started_comparison_is_what_the_command_prints():
     assert (ROOT / "docs" / "img" / "compare_digits.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_coming_from_keras_page_is_generated_from_the_registry_and_from_keras():
     """Every Keras optimizer, schedule and optimizer argument, mapped by running the
     registry and gradpipe.from_keras; docs/gen_keras_page.py rewrites the page."""
@@ -333,6 +338,7 @@ def test_performance_page_is_the_current_results():
     assert (ROOT / "benchmarks" / "HISTORY.md").exists()
 
 
+@pytest.mark.slow
 def test_every_module_the_docs_name_is_reachable_after_import_gradpipe():
     """`import gradpipe` then `gradpipe.convergence.Criterion` (or any module the docs
     name) works, and still imports no TensorFlow."""

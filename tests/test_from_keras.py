@@ -105,11 +105,13 @@ def check_parity(make, train=fit):
     return table
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(REPRESENTATIVE))
 def test_from_keras_fit_matches_keras(name):
     check_parity(REPRESENTATIVE[name])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DEFAULTS))
 def test_from_keras_fit_matches_every_rule_at_its_defaults(name):
     # Keras's ScheduleFreeAdamW in fit() is off by a Keras bug (see the test below):
@@ -131,6 +133,7 @@ def test_keras_schedule_free_adamw_in_fit_starts_z_at_zero():
     assert largest_difference(in_fit, in_loop) > 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", [None, 2], ids=["plain", "accumulation"])
 def test_from_keras_loss_scale_optimizer_under_mixed_float16_matches(steps):
     """float16 gradients overflow at first: skipped steps and back-offs as Keras's, also
@@ -150,6 +153,7 @@ def test_from_keras_loss_scale_optimizer_under_mixed_float16_matches(steps):
     assert int(pipe.iterations) == int(optimizer.iterations)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "key", "pattern"), [
     ("adamw_exclude_from_weight_decay", "exclude_from_weight_decay", "bias|gamma"),
     ("sgd_weight_decay_exclude", "exclude", "LayerNorm|gamma"),

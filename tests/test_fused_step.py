@@ -75,6 +75,7 @@ MLP = [(32, 256), (256,), (256, 256), (256,), (256, 10), (10,)]  # mean 12.8k el
 SGD = {"transforms": [{"kind": "sgd", "learning_rate": 0.1, "momentum": 0.9}]}
 
 
+@pytest.mark.slow
 def test_auto_compiles_few_variables_that_are_not_small():
     assert _decides(CLIP_ADAM, LARGE)
     assert not _decides(CLIP_ADAM, SHAPES)  # tiny: nothing to fuse that pays
@@ -107,6 +108,7 @@ def test_fused_and_plain_paths_agree(options):
         plain[1]["loss_scale/current_loss_scale"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jit", [False, True], ids=["plain", "fused"])
 def test_proved_and_checked_outputs_agree(jit):
     """Outputs proved finite give exactly what checking every output gives (the same
@@ -402,6 +404,7 @@ def test_a_step_writes_only_in_the_branch_that_decides(rule):
     assert (int(pipe.iterations), int(pipe.skipped_steps)) == (1, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["adam", "lamb"])
 def test_the_compiled_step_has_no_conditional(rule):
     """Every transform's state is kept by the engine where a step is skipped, so the

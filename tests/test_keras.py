@@ -37,6 +37,7 @@ def weights(m):
     return [np.asarray(w) for w in m.get_weights()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
 def test_fit_matches_keras_adam_global_clipnorm(jit):
     """Two epochs of fit: same weights as Adam(global_clipnorm=1) (atol 1e-6)."""
@@ -47,6 +48,7 @@ def test_fit_matches_keras_adam_global_clipnorm(jit):
     assert int(pipe.iterations.numpy()) == 16
 
 
+@pytest.mark.slow
 def test_fit_matches_loss_scale_optimizer_under_mixed_float16():
     """mixed_float16: Keras wraps Adam in LossScaleOptimizer; ours is not wrapped again."""
     keras.mixed_precision.set_global_policy("mixed_float16")
@@ -116,6 +118,7 @@ def test_save_load_and_continue_identically(tmp_path):
     assert_close(weights(loaded), weights(m), rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_a_new_process_loads_the_model_after_importing_gradpipe_keras(tmp_path):
     """Keras resolves gradpipe>PipelineOptimizer only once it is registered: a script
     that only loads imports gradpipe.keras first, and training continues exactly."""
@@ -148,6 +151,7 @@ np.savez({str(tmp_path / "w.npz")!r}, *m.get_weights())
     "import keras, gradpipe",
     "import gradpipe; assert 'keras' not in sys.modules; import keras",
 ], ids=["keras_first", "gradpipe_first"])
+@pytest.mark.slow
 def test_a_new_process_loads_the_model_after_import_gradpipe_alone(tmp_path, imports):
     """`import gradpipe`, before or after Keras, is enough to load a saved pipeline
     optimizer, and still imports no TensorFlow itself."""
@@ -206,6 +210,7 @@ def test_backup_and_restore_resumes_identically(tmp_path):
     assert_close(weights(resumed), weights(reference), rtol=0, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_fit_under_mirrored_equals_one_device():
     """fit on 2 logical CPUs: no second reduction or clipping (same weights, atol 1e-5)."""
     single = fit(model(), gradpipe.build(CLIP_ADAM).keras_optimizer())
@@ -218,6 +223,7 @@ def test_fit_under_mirrored_equals_one_device():
     assert_close(weights(m), weights(single), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fit_under_mirrored_drifts_from_one_device_no_more_than_keras():
     """150 steps of Adam on an embedding model (sparse gradients): on 2 logical CPUs
     the gradients are summed in another order, so float32 rounding makes the weights
@@ -274,6 +280,7 @@ def lr_callbacks():
                                               min_delta=10.0)]
 
 
+@pytest.mark.slow
 def test_learning_rate_callbacks_match_keras_adam(tmp_path):
     """LearningRateScheduler and ReduceLROnPlateau set a constant pipeline rate as they set
     Adam's: the same rate every epoch (history["learning_rate"]) and the same weights;

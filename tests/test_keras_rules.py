@@ -230,6 +230,7 @@ def largest_difference(actual, expected):
     return max(float(np.max(np.abs(a - e))) for a, e in zip(actual, expected))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule, scheduled",
                          [pytest.param(rule, False, id=rule) for rule in PARITY]
                          + [pytest.param(rule, True, id=f"{rule}-scheduled_lr")

@@ -326,6 +326,7 @@ KERAS_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(KERAS_CASES))
 def test_twelve_steps_match_keras(case):
     """Twelve steps of random gradients on every variable of SHAPES (a matrix, a bias,
@@ -355,6 +356,7 @@ def test_muon_takes_both_steps_as_keras_decides():
     assert ours == keras_adamw == [False, True, True, True, True]
 
 
+@pytest.mark.slow
 def test_muon_in_fit_decides_by_the_keras_paths():
     """``compile()``/``fit()`` of a model with an Embedding layer, a hidden Dense and an
     output layer excluded by name: the same weights as Keras's ``Muon`` (atol 1e-4);
@@ -414,6 +416,7 @@ def test_muon_step_converges_on_a_matrix():
     assert float(loss()) < best_loss + 1e-3 < first
 
 
+@pytest.mark.slow
 def test_schedule_free_default_differs_from_keras_tf_only_by_the_momentum_read():
     """Keras 3.15 on TensorFlow reads ``momentum.value`` after ``assign_sub``: it is the
     live variable there. The default follows the paper (checked above); with
@@ -512,6 +515,7 @@ def _sparse_grads(step, densify):
     {"kind": "muon", "learning_rate": 0.05},  # the kernel Muon, the embedding AdamW
     {"kind": "schedule_free_adamw", "learning_rate": 0.05},
 ], ids=lambda t: t["kind"])
+@pytest.mark.slow
 def test_sparse_gradient_equals_its_dense_sum(table):
     """Six steps of IndexedSlices with a repeated row equal the same dense gradients
     (rtol 1e-5, atol 1e-6), under tf.function."""

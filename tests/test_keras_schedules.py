@@ -254,6 +254,7 @@ def test_values_out_of_range_name_the_key(kind, args, key, message):
     assert error.path == f"schedules.s.{key}" and message in str(error)
 
 
+@pytest.mark.slow
 def test_an_invalid_name_fails_keras_in_graph_too():
     """Why ``name`` is checked: Keras opens tf.name_scope(name) in every call. In a
     subprocess: the failing call leaves Keras's name scope open, and every Keras

@@ -69,6 +69,7 @@ def _packs(table: dict, shapes) -> bool:
     return pipe.plan.pack.on
 
 
+@pytest.mark.slow
 def test_auto_packs_many_small_variables_of_an_elementwise_chain():
     assert _packs(CLIP_ADAM, SHAPES) and _packs(CLIP_SGD, SHAPES)
     assert not _packs(CLIP_ADAM, SHAPES[:3])  # too few for the op count to matter
@@ -137,6 +138,7 @@ def test_pack_true_names_what_prevents_it(table, reason):
         _packs(_with(table, pack_variables=True), SHAPES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table", [CLIP_ADAM, CLIP_SGD], ids=["adam", "sgd"])
 @pytest.mark.parametrize("jit", [False, "auto"], ids=["plain", "xla"])
 def test_packed_and_per_variable_steps_agree(table, jit):
@@ -155,6 +157,7 @@ def test_packed_and_per_variable_steps_agree(table, jit):
         assert_close(packed[1][name], reference[1][name], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_missing_gradient_leaves_its_variable_and_slots_exactly_as_they_were():
     table = _with(CLIP_ADAM, pack_variables=True)
     before = _run(table, SEQUENCE[:3])
@@ -170,6 +173,7 @@ def test_a_missing_gradient_leaves_its_variable_and_slots_exactly_as_they_were()
                                   before[1][f"slots/1_adam/{kind}/Variable_5"])
 
 
+@pytest.mark.slow
 def test_eager_and_traced_packed_steps_agree():
     traced = _run(CLIP_ADAM)
     eager = _run(CLIP_ADAM, compiled=False)
@@ -190,6 +194,7 @@ def test_packed_adam_matches_keras_adam():
     assert_close(ours, [v.numpy() for v in variables], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saved_packed", [True, False], ids=["packed-saved", "plain-saved"])
 def test_checkpoints_restore_across_packed_and_per_variable_layouts(tmp_path, saved_packed):
     def pipeline(packed):
@@ -217,6 +222,7 @@ def test_slot_views_read_and_write_like_variables():
     assert all(np.all(o != 2.0) for o in others)  # only its own slice was written
 
 
+@pytest.mark.slow
 def test_the_packed_step_is_a_few_ops_per_variable():
     """Per variable: its gradient reshaped into the pack, its slice of the update
     reshaped and subtracted. The chain runs once, not once per variable."""
@@ -261,6 +267,7 @@ def test_one_trace_and_no_hook_call_per_packed_step():
     assert step.experimental_get_tracing_count() == 1 and calls == []
 
 
+@pytest.mark.slow
 def test_keras_fit_save_and_load_with_packed_state(tmp_path):
     """A model of 24 small layers: fit packs, .keras holds every slot by name."""
     keras.utils.set_random_seed(2)
@@ -287,6 +294,7 @@ def test_keras_fit_save_and_load_with_packed_state(tmp_path):
                  [np.asarray(w) for w in m.get_weights()], rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
 def test_packed_fit_matches_keras_adam(jit):
     """12 Dense layers (24 variables), two epochs of fit, also inside a train step

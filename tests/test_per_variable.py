@@ -45,6 +45,7 @@ def _train(transforms: list[dict], jit: object, steps: int = 4) -> tuple[object,
     return pipe, [v.numpy() for v in variables]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["adamax", "nadam", "rmsprop", "adam"])
 def test_one_function_per_shape_gives_the_plain_paths_and_keras_numbers(kind):
     pipe, compiled = _train([{"kind": kind, "learning_rate": 0.01}], True)

@@ -34,6 +34,7 @@ def _install_and_test(tmp_path, *args: str) -> tuple[str, str]:
     return listed.stdout, tests.stdout
 
 
+@pytest.mark.slow
 def test_generated_plugin_installs_and_passes(tmp_path):
     listed, tests = _install_and_test(tmp_path, "halve")
     root = tmp_path / "gradpipe-halve"
@@ -43,6 +44,7 @@ def test_generated_plugin_installs_and_passes(tmp_path):
     assert "3 passed" in tests
 
 
+@pytest.mark.slow
 def test_a_plugin_of_two_components_installs_and_passes_its_tests(tmp_path):
     """--component, repeated: each component in the module, in the name index, with
     its own test; the contract test expects them all; the README names them."""
@@ -74,6 +76,7 @@ def test_bad_components(tmp_path, components, expected):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_generated_wheel_has_valid_metadata_and_the_name_index(tmp_path):
     """The wheel of the generated package: metadata the package index accepts (every
     classifier a real trove classifier), the plugin's entry point and its name index,

@@ -171,6 +171,7 @@ class TestLoading:
         assert expected in record["error"]
         assert record["location"].endswith("gp_caps.py:19")  # the register(...) line
 
+    @pytest.mark.slow
     def test_import_failure_names_the_plugins_own_line(self, fake_dists):
         """A plugin failing at import: its own file and line (not importlib's), and the
         full traceback on request (--traceback or GRADPIPE_PLUGIN_TRACEBACKS=1)."""

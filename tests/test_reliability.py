@@ -74,6 +74,7 @@ def _checked_copy(kind: str) -> str:
     return f"{kind}_checked"
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(rule=PROVED, scheduled=st.booleans(),
@@ -225,6 +226,7 @@ def test_a_third_party_kernel_is_used_only_where_its_outputs_need_no_check():
 
 
 
+@pytest.mark.slow
 def test_soak_mirrored_5000_steps():
     """mlp_classifier, 2 logical CPUs, NaN/Inf bursts, huge and zero gradients."""
     pipe = gradpipe.build({
@@ -277,6 +279,7 @@ def test_soak_mirrored_5000_steps():
     assert task.accuracy() > 0.8
 
 
+@pytest.mark.slow
 def test_sigkill_during_checkpoint_write_never_leaves_a_wrong_checkpoint(tmp_path):
     """Kill a writer mid-save at several moments; the latest checkpoint loads, unmixed."""
     script = str(ROOT / "tests" / "workers" / "checkpoint_writer.py")

@@ -9,16 +9,16 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, gradpipe_command
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gradpipe.cli", "run", *args],
-                          capture_output=True, text=True, timeout=600)
+    return gradpipe_command("run", *args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_example_reaches_its_target(example):
     result = run(str(example), "--json")
@@ -34,6 +34,7 @@ def test_at_least_five_examples():
             "tfp_minimize"} <= names
 
 
+@pytest.mark.slow
 def test_run_stops_on_convergence_and_plots(tmp_path):
     png = tmp_path / "run.png"
     result = run(str(ROOT / "examples" / "tfp_minimize.toml"), "--plot", str(png))
@@ -43,6 +44,7 @@ def test_run_stops_on_convergence_and_plots(tmp_path):
     assert "loss" in result.stderr and "lr 0.02" in result.stderr  # progress bar
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("problem", ["logistic_regression", "mlp_classifier",
                                      "noisy_quadratic"])
 def test_problems_run(problem, write_toml):
@@ -81,6 +83,7 @@ def plot_facts(tmp_path, *args: str) -> list[dict]:
     return facts["figures"]
 
 
+@pytest.mark.slow
 def test_a_comparison_plot_keeps_its_legend_off_the_lines_and_its_bands_in_range(tmp_path):
     """The legend sits outside the axes, and the spread band of a seed whose loss
     falls far below the others' is clipped to the range of the mean lines: the axis
@@ -101,6 +104,7 @@ def test_a_comparison_plot_keeps_its_legend_off_the_lines_and_its_bands_in_range
         assert low <= bottom and top <= high
 
 
+@pytest.mark.slow
 def test_a_single_run_plot_smooths_the_loss(tmp_path):
     """The loss of each step is drawn faint under its running mean, which is smooth:
     a mini-batch loss alone draws a solid band."""

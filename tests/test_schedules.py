@@ -191,6 +191,7 @@ def test_skipped_steps_do_not_advance_schedules():
     assert var.numpy() == pytest.approx([-1.0])  # still at step 0 -> lr 1
 
 
+@pytest.mark.slow
 def test_docs_show_every_builtin_schedule(tmp_path):
     """The schedules page embeds a generated plot for every built-in schedule."""
     import sys

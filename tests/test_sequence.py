@@ -46,10 +46,12 @@ def _loop_order(table: dict) -> list[int]:
     return [SIZES.index(int(n)) for n in max(loops, key=len)]
 
 
+@pytest.mark.slow
 def test_large_variables_run_their_loops_one_variable_after_another(order_small):
     assert _loop_order(CLIP_ADAM) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
+@pytest.mark.slow
 def test_small_variables_are_left_to_xla():
     """Below SEQUENCE_MIN_SIZE XLA orders the loops kind by kind (the order the
     sequence exists to change, so this also shows the test above can fail)."""
@@ -58,6 +60,7 @@ def test_small_variables_are_left_to_xla():
     assert order != [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
+@pytest.mark.slow
 def test_a_transform_that_mixes_variables_leaves_them_unordered(order_small):
     """Clipping Adam's updates by their global norm makes every variable's update
     depend on every gradient: no link can be made without a cycle, none is, and
@@ -87,6 +90,7 @@ def _steps(rng: np.random.Generator) -> list[list[np.ndarray]]:
     return steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["finite", "one NaN weight"])
 def test_the_order_changes_no_number(monkeypatch, weights):
     """Bit for bit, skipped steps included. A variable whose weights are already

@@ -69,6 +69,7 @@ def test_unknown_summary_is_a_config_error():
     assert info.value.path == "pipeline.summaries"
 
 
+@pytest.mark.slow
 def test_cli_run_resumes_from_checkpoint_dir(tmp_path, write_toml):
     from conftest import ROOT
 

@@ -30,6 +30,7 @@ def measured(tmp_path_factory):
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_compile_takes_it_as_a_tf_keras_optimizer_with_adam_parity(measured):
     """tf-keras Adam(global_clipnorm=1) and clip + adam: the same weights after fit."""
     adam = measured["adam"]
@@ -92,6 +93,7 @@ def test_tfrs_ranking_model_with_clippy_adagrad_matches_tfrs(measured):
     assert ranking["our_loss"][-1] < ranking["our_loss"][0]
 
 
+@pytest.mark.slow
 def test_a_new_process_loads_a_tf_keras_model_after_import_gradpipe_alone(tmp_path):
     """Under tf-keras too, `import gradpipe` is all a loading script needs."""
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
