@@ -136,21 +136,18 @@ def maths_key(spec: PipelineSpec, i: int, transform: Any) -> Any:
             getattr(transform.update, "__code__", transform.update))
 
 
-def how_bounded(transform: Any, context: Any, key: Any = None) -> str:
+def how_bounded(transform: Any, context: Any, key: Any) -> str:
     """``BY_NORM`` or ``BY_RANGE`` where the engine bounds ``transform``'s maths, else
     why not: its update traced once for two small variables and run on ordinary
     values (unit gradients, a state of 0.5), its state held within its norm, and
     else within its range (its least and largest element, one more pass over it:
     what proves the square root of a running mean of squares, which the norm
     cannot). Where both fail even there, every step would be checked after all,
-    and the transform is checked from the start. Given a ``key`` (``maths_key``),
-    the answer is found once per process. It only picks the guard's mode: each
+    and the transform is checked from the start. The answer is found once per
+    process and ``key`` (``maths_key``). It only picks the guard's mode: each
     step's bounds are traced from the step's own maths, and fall back to a check."""
-    if key not in _ANSWERS or key is None:
-        answer = _how_bounded(transform, context)
-        if key is None:
-            return answer
-        _ANSWERS[key] = answer
+    if key not in _ANSWERS:
+        _ANSWERS[key] = _how_bounded(transform, context)
     return _ANSWERS[key]
 
 

@@ -87,14 +87,15 @@ def describe_rows(step: Any, packed: bool) -> tuple[bool, str]:
             groups.setdefault(key, []).append(j)
     if not groups:
         return False, "no variable has rows (every one is a scalar or frozen)"
+    lookup = "a sparse gradient (an embedding lookup's)"
     firsts = {members[0] for members in groups.values()}
     try:
         dense_by = _first_to_densify(step, firsts)
     except _Refused as refused:
         t = step.spec.transforms[refused.index]
-        return False, (f"a sparse gradient (an embedding lookup's) is made dense before "
-                       f"the step: {t.name} at {t.path} fails on one "
-                       f"({type(refused.cause).__name__}), so it gets dense gradients")
+        return False, (f"{lookup} is made dense before the step: {t.name} at {t.path} "
+                       f"fails on one ({type(refused.cause).__name__}), so it gets dense "
+                       "gradients")
     by_rows = [j for members in groups.values() for j in members
                if dense_by[members[0]] is None]
     candidates = sum(len(members) for members in groups.values())
@@ -105,7 +106,6 @@ def describe_rows(step: Any, packed: bool) -> tuple[bool, str]:
             for t in (step.spec.transforms[i] for i in sorted(indices)))
 
     densifying = named({i for i in dense_by.values() if i is not None})
-    lookup = "a sparse gradient (an embedding lookup's)"
     if not by_rows:
         return False, f"{lookup} is made dense by {densifying}"
     keeping = named({max(i for i, m in enumerate(masks) if m[j]) for j in by_rows})
