@@ -1,0 +1,172 @@
+"""The rules that follow optax, against optax itself and optax's own tests.
+
+* Golden values: ``references/optax_golden.json`` holds twelve steps of each
+  case run by optax (``references/optax_golden.py`` writes it, with optax's
+  version and each alias's defaults); a pipeline of the same rule and keys must
+  give the same parameters at every step.
+* optax's ``alias_test.py`` ``test_optimization``: with the keyword arguments
+  optax's suite uses, 10,000 steps reach the parabola's and Rosenbrock's
+  minimum within optax's tolerance (rtol = atol = 3e-2); like optax, the sign
+  rules are not asked to solve Rosenbrock without a schedule.
+* A sparse gradient steps as its dense sum; with ``lazy = true``, the rows it
+  does not touch stay as they were.
+"""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import gradpipe
+from conftest import ROOT, assert_close
+from gradpipe.errors import ConfigError
+
+GOLDEN = json.loads((ROOT / "tests" / "references" / "optax_golden.json").read_text())
+RULES = sorted({case["alias"] for case in GOLDEN["cases"].values()})
+# optax's names -> gradpipe's (Keras's) names
+KEYS = {"b1": "beta_1", "b2": "beta_2", "eps": "epsilon", "eps_root": "epsilon_root"}
+# optax arguments with no key: nadamw *is* adamw with nesterov = True
+FIXED = {("nadamw", "nesterov")}
+
+
+def transform(alias: str, kwargs: dict) -> dict:
+    table = {"kind": alias}
+    for key, value in kwargs.items():
+        if key == "mask":  # optax: True where decayed; gradpipe: patterns not decayed
+            table["exclude_from_weight_decay"] = [f"^{n}$" for n, on in value.items() if not on]
+        else:
+            table[KEYS.get(key, key)] = value
+    return table
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN["cases"]))
+def test_twelve_steps_match_optax(case):
+    """Every step's parameters equal optax's (float32: rtol 2e-6, atol 1e-7)."""
+    alias, kwargs, expected = (GOLDEN["cases"][case][k] for k in ("alias", "kwargs", "params"))
+    a = tf.Variable(GOLDEN["a0"], name="a")
+    b = tf.Variable(GOLDEN["b0"], name="b")
+    target, curvature = tf.constant(GOLDEN["a_target"]), tf.constant(GOLDEN["b_curvature"])
+    pipe = gradpipe.build({"transforms": [transform(alias, kwargs)]})
+
+    @tf.function
+    def step():
+        pipe.apply_gradients([(2.0 * (a - target), a), (2.0 * curvature * b, b)])
+
+    for i, params in enumerate(expected):
+        step()
+        assert_close([a.numpy(), b.numpy()], [params["a"], params["b"]], rtol=2e-6,
+                     atol=1e-7)
+        assert i or not np.array_equal(a.numpy(), GOLDEN["a0"])
+
+
+# optax's alias_test.py _OPTIMIZERS_UNDER_TEST, for the rules here
+OPTAX_SUITE = {"adabelief": {"learning_rate": 1e-2}, "amsgrad": {"learning_rate": 1e-1},
+               "yogi": {"learning_rate": 1e-1}, "radam": {"learning_rate": 5e-3},
+               "sign_sgd": {"learning_rate": 1e-1}, "signum": {"learning_rate": 1e-2},
+               "nadamw": {"learning_rate": 1e-2}, "adamaxw": {"learning_rate": 1e-1}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alias", sorted(OPTAX_SUITE))
+def test_optax_optimization_suite(alias):
+    """optax's parabola and Rosenbrock, 10,000 steps, rtol = atol = 3e-2. The two
+    problems are separate variables of one loss: these rules step each variable
+    from its own gradient alone, so one run solves both."""
+    parabola, parabola_min = tf.Variable([-1.0, 10.0, 1.0]), np.array([1.0, -1.0, 1.0])
+    rosen = tf.Variable([0.0, 0.0])
+    solve_rosenbrock = alias not in ("sign_sgd", "signum")  # optax skips these too
+
+    def loss():
+        value = tf.reduce_sum(tf.square(parabola - parabola_min))
+        if solve_rosenbrock:
+            value += tf.square(1.0 - rosen[0]) + 100.0 * tf.square(rosen[1] - rosen[0] ** 2)
+        return value
+
+    pipe = gradpipe.build({"transforms": [{"kind": alias, **OPTAX_SUITE[alias]}]})
+    pipe.minimize(loss, [parabola, rosen], 10_000)
+    np.testing.assert_allclose(parabola.numpy(), parabola_min, rtol=3e-2, atol=3e-2)
+    if solve_rosenbrock:
+        np.testing.assert_allclose(rosen.numpy(), [1.0, 1.0], rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("alias", RULES)
+def test_defaults_are_optaxs(alias):
+    """Each optax argument with a default is a key with the same default."""
+    config = gradpipe.parse({"transforms": [{"kind": alias}]}).transforms[0].config
+    fields = {f.name for f in attrs.fields(type(config))}
+    for key, default in GOLDEN["defaults"][alias].items():
+        if (alias, key) in FIXED:
+            continue
+        name = KEYS.get(key, key)
+        assert name in fields, f"{alias}: optax's {key} has no key"
+        assert getattr(config, name) == pytest.approx(default), name
+
+
+@pytest.mark.parametrize("transform_, key", [
+    ({"kind": "amsgrad", "beta_1": 1.0}, "beta_1"),
+    ({"kind": "radam", "beta_2": 1.0}, "beta_2"),
+    ({"kind": "yogi", "epsilon": -1.0}, "epsilon"),
+    ({"kind": "signum", "beta": 1.5}, "beta"),
+    ({"kind": "nadamw", "weight_decay": -0.1}, "weight_decay"),
+    ({"kind": "adabelief", "epsilon_root": "small"}, "epsilon_root"),
+    # below 4, optax's rectification is the root of a negative number: NaN steps
+    ({"kind": "radam", "threshold": 2.0}, "threshold"),
+])
+def test_invalid_values_name_the_key(transform_, key):
+    with pytest.raises(ConfigError, match=key):
+        gradpipe.build({"transforms": [transform_]})
+
+
+def test_adabelief_decays_weights_as_optax_adamw_does():
+    """optax's newer ``adabelief(weight_decay=...)`` (not in the release the golden
+    values come from): ``lr * (step + weight_decay * w)``, closed form, one step."""
+    start = np.array([[0.5, -2.0], [3.0, 0.25]], np.float32)
+    grad = tf.constant([[0.1, 0.2], [-0.3, 0.4]])
+    after = {}
+    for decay in (0.0, 0.5):
+        var = tf.Variable(start)
+        gradpipe.build({"transforms": [{"kind": "adabelief", "learning_rate": 0.1,
+                                        "weight_decay": decay}]}
+                       ).apply_gradients([(grad, var)])
+        after[decay] = var.numpy()
+    np.testing.assert_allclose(after[0.0] - after[0.5], 0.1 * 0.5 * start, rtol=1e-5)
+
+
+def _rows(indices):
+    values = tf.ones((len(indices), 3, 2)) * tf.constant([[1.0, -2.0]] * 3)
+    return tf.IndexedSlices(values, tf.constant(indices), tf.constant([5, 3, 2]))
+
+
+@pytest.mark.parametrize("indices", [[0, 2, 4], [2, 0, 4, 2]], ids=["unique", "duplicates"])
+@pytest.mark.parametrize("alias", RULES)
+def test_a_sparse_gradient_steps_as_its_dense_sum(alias, indices):
+    """Keras's sparse check (five steps, rtol 1e-6, atol 1e-6), for these rules."""
+    sparse_var, dense_var = tf.Variable(tf.ones((5, 3, 2))), tf.Variable(tf.ones((5, 3, 2)))
+    sparse_pipe, dense_pipe = (gradpipe.build({"transforms": [{"kind": alias}]})
+                               for _ in range(2))
+    for _ in range(5):
+        grad = _rows(indices)
+        sparse_pipe.apply_gradients([(grad, sparse_var)])
+        dense_pipe.apply_gradients([(tf.convert_to_tensor(grad), dense_var)])
+        assert_close(sparse_var.numpy(), dense_var.numpy(), rtol=1e-6, atol=1e-6)
+    assert not np.array_equal(dense_var.numpy(), np.ones((5, 3, 2)))
+
+
+@pytest.mark.parametrize("alias", [r for r in RULES if r != "sign_sgd"])
+def test_lazy_leaves_untouched_rows_alone(alias):
+    """With ``lazy = true`` the rows no gradient touches keep their values, even
+    after they moved (their moments are not decayed)."""
+    var = tf.Variable(tf.ones((5, 3, 2)))
+    pipe = gradpipe.build({"transforms": [{"kind": alias, "lazy": True,
+                                           "learning_rate": 0.1}]})
+    pipe.apply_gradients([(_rows([0, 1, 2, 3, 4]), var)])
+    moved = var.numpy()
+    for _ in range(3):
+        pipe.apply_gradients([(_rows([0, 2]), var)])
+    after = var.numpy()
+    np.testing.assert_array_equal(after[[1, 3, 4]], moved[[1, 3, 4]])
+    assert not np.array_equal(after[[0, 2]], moved[[0, 2]])
