@@ -111,12 +111,13 @@ Direction = Callable[[Any, Sequence[Any], Any], Any]
 
 
 def moments_rule(cfg: Any, state_cls: type[NamedTuple], fills: Sequence[float],
-                 advance: Advance, direction: Direction) -> Transform:
+                 advance: Advance, direction: Direction, *, scaled: bool = True) -> Transform:
     """A transform of optax's shape: ``count`` and one slot per variable for each
     of ``fills`` (their initial values), in ``state_cls(count, *slots)``;
     ``advance(g, slots, count)`` gives the new slots and ``direction(g, slots,
     count)`` the step from them. Decoupled weight decay and the learning rate
-    follow: ``update = lr * (direction + weight_decay * var)``."""
+    follow: ``update = lr * (direction + weight_decay * var)``; not ``scaled``, the
+    step is the direction itself (``rprop``'s holds its own step sizes)."""
     lr = hyper(cfg.learning_rate)
     decay = hyper(cfg.weight_decay) if hasattr(cfg, "weight_decay") else None
     if decay is not None and decay.constant == 0:
@@ -143,7 +144,7 @@ def moments_rule(cfg: Any, state_cls: type[NamedTuple], fills: Sequence[float],
             u = direction(g, new, count)
             if value:  # optax: add_decayed_weights, then scale_by_learning_rate
                 u = u + tf.cast(decay(), dtype) * tf.cast(value[0], dtype)  # type: ignore[misc]
-            return u * tf.cast(lr(), dtype), new
+            return (u * tf.cast(lr(), dtype) if scaled else u), new
 
         lists = [list(slot) for slot in state[1:]]
         updates: list[Any] = []

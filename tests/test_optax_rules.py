@@ -26,11 +26,14 @@ from conftest import ROOT, assert_close
 from gradpipe.errors import ConfigError
 
 GOLDEN = json.loads((ROOT / "tests" / "references" / "optax_golden.json").read_text())
-RULES = sorted({case["alias"] for case in GOLDEN["cases"].values()})
+RULES = sorted(GOLDEN["defaults"])  # every alias, rprop included
 # optax's names -> gradpipe's (Keras's) names
-KEYS = {"b1": "beta_1", "b2": "beta_2", "eps": "epsilon", "eps_root": "epsilon_root"}
+KEYS = {"b1": "beta_1", "b2": "beta_2", "b3": "beta_3", "eps": "epsilon",
+        "eps_root": "epsilon_root"}
 # optax arguments with no key: nadamw *is* adamw with nesterov = True
 FIXED = {("nadamw", "nesterov")}
+# no ``lazy``: sign_sgd's sparse step is its dense sum's; the others use whole-variable norms
+DENSE_ONLY = {"sign_sgd", "fromage", "novograd"}
 
 
 def transform(alias: str, kwargs: dict) -> dict:
@@ -43,9 +46,15 @@ def transform(alias: str, kwargs: dict) -> dict:
     return table
 
 
+# fromage's every step is scaled by a ratio of two norms: sums that XLA and
+# TensorFlow add in different orders, whose last bits compound over the steps
+TOLERANCE = {"fromage": (1e-5, 1e-6)}
+
+
 @pytest.mark.parametrize("case", sorted(GOLDEN["cases"]))
 def test_twelve_steps_match_optax(case):
-    """Every step's parameters equal optax's (float32: rtol 2e-6, atol 1e-7)."""
+    """Every step's parameters equal optax's: rtol 2e-6, and atol 3e-7 (two float32
+    roundings at the problem's scale, for the values that pass near 0)."""
     alias, kwargs, expected = (GOLDEN["cases"][case][k] for k in ("alias", "kwargs", "params"))
     a = tf.Variable(GOLDEN["a0"], name="a")
     b = tf.Variable(GOLDEN["b0"], name="b")
@@ -58,8 +67,9 @@ def test_twelve_steps_match_optax(case):
 
     for i, params in enumerate(expected):
         step()
-        assert_close([a.numpy(), b.numpy()], [params["a"], params["b"]], rtol=2e-6,
-                     atol=1e-7)
+        rtol, atol = TOLERANCE.get(alias, (2e-6, 3e-7))
+        assert_close([a.numpy(), b.numpy()], [params["a"], params["b"]], rtol=rtol,
+                     atol=atol)
         assert i or not np.array_equal(a.numpy(), GOLDEN["a0"])
 
 
@@ -67,7 +77,11 @@ def test_twelve_steps_match_optax(case):
 OPTAX_SUITE = {"adabelief": {"learning_rate": 1e-2}, "amsgrad": {"learning_rate": 1e-1},
                "yogi": {"learning_rate": 1e-1}, "radam": {"learning_rate": 5e-3},
                "sign_sgd": {"learning_rate": 1e-1}, "signum": {"learning_rate": 1e-2},
-               "nadamw": {"learning_rate": 1e-2}, "adamaxw": {"learning_rate": 1e-1}}
+               "nadamw": {"learning_rate": 1e-2}, "adamaxw": {"learning_rate": 1e-1},
+               "adan": {"learning_rate": 1e-1}, "fromage": {"learning_rate": 5e-3},
+               "novograd": {"learning_rate": 1e-3}, "rprop": {"learning_rate": 1e-1},
+               "optimistic_gradient_descent": {"learning_rate": 2e-3, "alpha": 0.7,
+                                               "beta": 0.1}}
 
 
 @pytest.mark.slow
@@ -121,6 +135,22 @@ def test_invalid_values_name_the_key(transform_, key):
         gradpipe.build({"transforms": [transform_]})
 
 
+def test_rprop_steps_with_this_steps_sign():
+    """optax's ``scale_by_rprop`` returns the previous step's update (its first step
+    is 0; optax pull request 1725, open), so its golden values are not used. This
+    is iRprop- as the paper and ``torch.optim.Rprop`` step: gradients 1, 1, 1, -1,
+    1 from a step size of 0.1 give 0.1, 0.12, 0.144, 0 (the sign flipped: the size
+    halves, nothing moves), then 0.072."""
+    var = tf.Variable([0.0])
+    pipe = gradpipe.build({"transforms": [{"kind": "rprop", "learning_rate": 0.1}]})
+    steps = []
+    for g in (1.0, 1.0, 1.0, -1.0, 1.0):
+        before = var.numpy()[0]
+        pipe.apply_gradients([(tf.constant([g]), var)])
+        steps.append(before - var.numpy()[0])
+    np.testing.assert_allclose(steps, [0.1, 0.12, 0.144, 0.0, 0.072], rtol=1e-6, atol=1e-7)
+
+
 def test_adabelief_decays_weights_as_optax_adamw_does():
     """optax's newer ``adabelief(weight_decay=...)`` (not in the release the golden
     values come from): ``lr * (step + weight_decay * w)``, closed form, one step."""
@@ -156,7 +186,7 @@ def test_a_sparse_gradient_steps_as_its_dense_sum(alias, indices):
     assert not np.array_equal(dense_var.numpy(), np.ones((5, 3, 2)))
 
 
-@pytest.mark.parametrize("alias", [r for r in RULES if r != "sign_sgd"])
+@pytest.mark.parametrize("alias", [r for r in RULES if r not in DENSE_ONLY])
 def test_lazy_leaves_untouched_rows_alone(alias):
     """With ``lazy = true`` the rows no gradient touches keep their values, even
     after they moved (their moments are not decayed)."""
