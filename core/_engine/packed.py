@@ -142,9 +142,11 @@ for _cls in (SlotView, PackedVariables):
 def elementwise_mismatch(transform: Any, context: Any) -> str:
     """Whether ``transform`` gives packed what it gives variable by variable: "" if it
     does, else how it differs. Three small variables of different shapes and
-    names, three steps of gradients at scales 1e-3 to 1e3, one of them missing: a
-    transform that reads a variable's own norm, size, shape or name gives other
-    numbers packed, and is run variable by variable."""
+    names, four steps of gradients at scales 1e-3, 1, 1 and 1e3 (two alike, where a
+    rule's history weighs as much as the gradient: an accumulator kept per axis
+    shows), one gradient missing: a transform that reads a variable's own norm,
+    size, shape or name gives other numbers packed, and is run variable by
+    variable."""
     from ..transform import build_scope
 
     rng = np.random.default_rng(0)
@@ -153,7 +155,7 @@ def elementwise_mismatch(transform: Any, context: Any) -> str:
                              name=name) for name, s in shapes.items()]
     layout = PackedLayout(variables)
     steps: list[list[Any]] = [[rng.normal(size=s).astype("f4") * scale
-                               for s in shapes.values()] for scale in (1e-3, 1.0, 1e3)]
+                               for s in shapes.values()] for scale in (1e-3, 1.0, 1.0, 1e3)]
     steps[1][1] = None  # a variable without a gradient
     try:
         with build_scope(context):

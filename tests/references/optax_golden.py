@@ -57,6 +57,8 @@ CASES = {
     "novograd": ("novograd", {"learning_rate": 0.1}),
     "novograd_decay": ("novograd", {"learning_rate": 0.1, "weight_decay": 0.01, "b1": 0.5,
                                     "b2": 0.9}),
+    "sm3": ("sm3", {"learning_rate": 0.1}),
+    "sm3_momentum": ("sm3", {"learning_rate": 0.3, "momentum": 0.5}),
 }
 
 
@@ -88,7 +90,7 @@ def defaults(alias: str) -> dict:
 
     parameters = inspect.signature(getattr(optax, alias)).parameters
     return {name: p.default for name, p in parameters.items()
-            if isinstance(p.default, (bool, int, float)) and name != "seed"}
+            if isinstance(p.default, (bool, int, float)) and name not in ("seed", "key")}
 
 
 def main() -> None:
@@ -98,8 +100,9 @@ def main() -> None:
     for name, (alias, kwargs) in CASES.items():
         golden["cases"][name] = {"alias": alias, "kwargs": kwargs,
                                  "params": trajectory(alias, kwargs)}
-    # rprop: only its defaults; optax's steps lag one step (its pull request 1725)
-    aliases = {alias for alias, _ in CASES.values()} | {"rprop"}
+    # only the defaults of rprop (optax's steps lag one step: its pull request 1725)
+    # and of noisy_sgd (JAX's random stream is JAX's own)
+    aliases = {alias for alias, _ in CASES.values()} | {"rprop", "noisy_sgd"}
     golden["defaults"] = {alias: defaults(alias) for alias in sorted(aliases)}
     path = Path(__file__).with_name("optax_golden.json")
     path.write_text(json.dumps(golden, indent=1) + "\n")
