@@ -81,11 +81,19 @@ class PlacementError(GradpipeError):
     """A device placement is invalid or cannot be set up on this machine."""
 
 
+# Keys as optax (and PyTorch) name them, where gradpipe keeps Keras's names
+_OTHER_NAMES = {"b1": "beta_1", "b2": "beta_2", "b3": "beta_3", "eps": "epsilon",
+                "eps_root": "epsilon_root", "lr": "learning_rate", "key": "seed",
+                "mask": "exclude_from_weight_decay"}
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """A ``" (did you mean 'x'?)"`` suffix, or ``""`` when nothing is close."""
     import difflib
 
     names = sorted(set(choices))
+    if _OTHER_NAMES.get(word) in names:  # 'b1' is nothing like 'beta_1' to difflib
+        return f" (did you mean {_OTHER_NAMES[word]!r}? gradpipe keeps Keras's names)"
     same = [c for c in names if c.lower() == word.lower()]  # 'cosinedecay': 'CosineDecay'
     if same:
         return f" (did you mean {same[0]!r}?)"

@@ -215,6 +215,14 @@ def test_adabelief_decays_weights_as_optax_adamw_does():
     np.testing.assert_allclose(after[0.0] - after[0.5], 0.1 * 0.5 * start, rtol=1e-5)
 
 
+@pytest.mark.parametrize("optax_key, key", [("b1", "beta_1"), ("eps", "epsilon"),
+                                             ("eps_root", "epsilon_root"), ("key", "seed")])
+def test_a_key_in_optaxs_name_names_gradpipes(optax_key, key):
+    kind = "noisy_sgd" if key == "seed" else "adabelief"
+    with pytest.raises(ConfigError, match=f"did you mean '{key}'"):
+        gradpipe.build({"transforms": [{"kind": kind, optax_key: 0.5}]})
+
+
 def _rows(indices):
     values = tf.ones((len(indices), 3, 2)) * tf.constant([[1.0, -2.0]] * 3)
     return tf.IndexedSlices(values, tf.constant(indices), tf.constant([5, 3, 2]))
