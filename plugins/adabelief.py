@@ -9,13 +9,14 @@ optax, ``epsilon_root`` is added to the stored second moment every step.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import attrs
 
 from gradpipe.plugin import Capabilities, Transform, hookimpl, hyper, hyperparameter, non_negative
 from gradpipe.plugins.optax_family import (
     DecayedMomentsConfig,
+    MomentsState,
     correction,
     debiased,
     first_moment,
@@ -43,12 +44,6 @@ class AdaBeliefConfig(DecayedMomentsConfig):
     nesterov: bool = False
 
 
-class AdaBeliefState(NamedTuple):
-    count: Any
-    mu: list[Any]
-    nu: list[Any]
-
-
 def adabelief(cfg: AdaBeliefConfig) -> Transform:
     """optax ``adabelief``: Adam over the variance of the gradient around its mean."""
     beta_1, beta_2 = hyper(cfg.beta_1), hyper(cfg.beta_2)
@@ -67,7 +62,7 @@ def adabelief(cfg: AdaBeliefConfig) -> Transform:
         return m_hat / (tf.sqrt(debiased(slots[1], correction(beta_2, count)))
                         + cfg.epsilon)
 
-    return moments_rule(cfg, AdaBeliefState, (0.0, 0.0), advance, direction)
+    return moments_rule(cfg, MomentsState, (0.0, 0.0), advance, direction)
 
 
 @hookimpl

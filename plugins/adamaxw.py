@@ -9,13 +9,14 @@ where Keras divides by ``u + epsilon``. Then
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import attrs
 
 from gradpipe.plugin import Capabilities, Transform, hookimpl, hyper, hyperparameter, in_range
 from gradpipe.plugins.optax_family import (
     DecayedMomentsConfig,
+    MomentsState,
     correction,
     debiased,
     moment,
@@ -36,12 +37,6 @@ class AdamaxWConfig(DecayedMomentsConfig):
     beta_2: Any = hyperparameter(default=0.999, validator=in_range(0.0, 1.0))
 
 
-class AdamaxWState(NamedTuple):
-    count: Any
-    mu: list[Any]
-    nu: list[Any]
-
-
 def adamaxw(cfg: AdamaxWConfig) -> Transform:
     """optax ``adamaxw``: Adamax with ``epsilon`` inside the max, and weight decay."""
     beta_1, beta_2 = hyper(cfg.beta_1), hyper(cfg.beta_2)
@@ -56,7 +51,7 @@ def adamaxw(cfg: AdamaxWConfig) -> Transform:
     def direction(g: Any, slots: Any, count: Any) -> Any:
         return debiased(slots[0], correction(beta_1, count)) / slots[1]
 
-    return moments_rule(cfg, AdamaxWState, (0.0, 0.0), advance, direction)
+    return moments_rule(cfg, MomentsState, (0.0, 0.0), advance, direction)
 
 
 @hookimpl

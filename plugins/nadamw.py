@@ -9,13 +9,14 @@ momentum schedule ``beta_1 (1 - 0.5 * 0.96^(0.004 t))``): the first moment is
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import attrs
 
 from gradpipe.plugin import Capabilities, Transform, hookimpl, hyper, non_negative
 from gradpipe.plugins.optax_family import (
     DecayedMomentsConfig,
+    MomentsState,
     correction,
     debiased,
     first_moment,
@@ -37,12 +38,6 @@ class NAdamWConfig(DecayedMomentsConfig):
     epsilon_root: float = attrs.field(default=0.0, validator=non_negative())
 
 
-class NAdamWState(NamedTuple):
-    count: Any
-    mu: list[Any]
-    nu: list[Any]
-
-
 def nadamw(cfg: NAdamWConfig) -> Transform:
     """optax ``nadamw``: Nesterov Adam with decoupled weight decay."""
     beta_1, beta_2 = hyper(cfg.beta_1), hyper(cfg.beta_2)
@@ -59,7 +54,7 @@ def nadamw(cfg: NAdamWConfig) -> Transform:
         v_hat = debiased(slots[1], correction(beta_2, count))
         return m_hat / (tf.sqrt(v_hat + cfg.epsilon_root) + cfg.epsilon)
 
-    return moments_rule(cfg, NAdamWState, (0.0, 0.0), advance, direction)
+    return moments_rule(cfg, MomentsState, (0.0, 0.0), advance, direction)
 
 
 @hookimpl

@@ -106,6 +106,14 @@ def first_moment(m: Any, g: Any, beta_1: Callable[[], Any], count: Any,
             + one_minus(beta_1, dtype) * debiased(g, correction(beta_1, count)))
 
 
+class MomentsState(NamedTuple):
+    """The state of the rules with a first and a second moment (optax's ``mu``, ``nu``)."""
+
+    count: Any
+    mu: list[Any]
+    nu: list[Any]
+
+
 Advance = Callable[[Any, Sequence[Any], Any], Sequence[Any]]
 Direction = Callable[[Any, Sequence[Any], Any], Any]
 

@@ -11,13 +11,14 @@ defaults).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import attrs
 
 from gradpipe.plugin import Capabilities, Transform, at_least, hookimpl, hyper, non_negative
 from gradpipe.plugins.optax_family import (
     MomentsConfig,
+    MomentsState,
     correction,
     debiased,
     first_moment,
@@ -43,12 +44,6 @@ class RAdamConfig(MomentsConfig):
     epsilon_root: float = attrs.field(default=0.0, validator=non_negative())
     threshold: float = attrs.field(default=5.0, validator=at_least(4.0))
     nesterov: bool = False
-
-
-class RAdamState(NamedTuple):
-    count: Any
-    mu: list[Any]
-    nu: list[Any]
 
 
 def radam(cfg: RAdamConfig) -> Transform:
@@ -90,7 +85,7 @@ def radam(cfg: RAdamConfig) -> Transform:
                                                   + cfg.epsilon)
         return tf.where(rectified, adam, m_hat)
 
-    return moments_rule(cfg, RAdamState, (0.0, 0.0), advance, direction)
+    return moments_rule(cfg, MomentsState, (0.0, 0.0), advance, direction)
 
 
 @hookimpl

@@ -8,13 +8,14 @@ Both moments start at ``initial_accumulator_value``, as in optax.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import attrs
 
 from gradpipe.plugin import Capabilities, Transform, hookimpl, hyper, non_negative, one_minus
 from gradpipe.plugins.optax_family import (
     MomentsConfig,
+    MomentsState,
     correction,
     debiased,
     moment,
@@ -37,12 +38,6 @@ class YogiConfig(MomentsConfig):
     initial_accumulator_value: float = attrs.field(default=1e-6, validator=non_negative())
 
 
-class YogiState(NamedTuple):
-    count: Any
-    mu: list[Any]
-    nu: list[Any]
-
-
 def yogi(cfg: YogiConfig) -> Transform:
     """optax ``yogi``: Adam with an additive, sign-controlled second moment."""
     beta_1, beta_2 = hyper(cfg.beta_1), hyper(cfg.beta_2)
@@ -63,7 +58,7 @@ def yogi(cfg: YogiConfig) -> Transform:
                 / (tf.sqrt(debiased(v, correction(beta_2, count))) + cfg.epsilon))
 
     fill = cfg.initial_accumulator_value
-    return moments_rule(cfg, YogiState, (fill, fill), advance, direction)
+    return moments_rule(cfg, MomentsState, (fill, fill), advance, direction)
 
 
 @hookimpl
