@@ -116,9 +116,12 @@ class _Translation:
         transforms = self.clipping(config) + [rule]
         transforms += self.weight_decay(opt, kind, config, rule, schedules)
         if config.get("use_ema"):
-            self.fail("use_ema", "gradpipe has no moving average of the weights (Keras "
-                      "swaps it into the model every ema_overwrite_frequency steps and in "
-                      "finalize_variable_values); train without it or keep Keras's optimizer")
+            self.fail("use_ema", "gradpipe's moving_average is TF Addons' (its first average "
+                      "includes the weights before the first step, Keras's does not; the "
+                      "average goes into the model when you swap it in, Keras writes it "
+                      "every ema_overwrite_frequency steps and in finalize_variable_values); "
+                      "add it after the rule if that is what you want, or keep Keras's "
+                      "optimizer")
         factor = config.get("loss_scale_factor")
         if factor is not None:
             if factor < 1:

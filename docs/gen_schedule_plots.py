@@ -55,6 +55,17 @@ EXAMPLES: dict[str, dict] = {
     "CosineDecayRestarts": {"kind": "CosineDecayRestarts", "initial_learning_rate": 0.1,
                             "first_decay_steps": 150, "t_mul": 2.0, "m_mul": 0.8,
                             "alpha": 0.05},
+    # TF Addons' cyclical learning rates, under their class names
+    "TriangularCyclicalLearningRate": {"kind": "TriangularCyclicalLearningRate",
+                                       "initial_learning_rate": 0.01,
+                                       "maximal_learning_rate": 0.1, "step_size": 125},
+    "Triangular2CyclicalLearningRate": {"kind": "Triangular2CyclicalLearningRate",
+                                        "initial_learning_rate": 0.01,
+                                        "maximal_learning_rate": 0.1, "step_size": 125},
+    "ExponentialCyclicalLearningRate": {"kind": "ExponentialCyclicalLearningRate",
+                                        "initial_learning_rate": 0.01,
+                                        "maximal_learning_rate": 0.1, "step_size": 125,
+                                        "gamma": 0.998},
 }
 
 
