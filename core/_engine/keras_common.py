@@ -83,6 +83,13 @@ def load_state(pipe: Any, store: Any) -> None:
     layout is an error naming what differs, raised before any value is assigned."""
     expected = pipe.named_variables()
     saved = {key.replace("|", "/"): key for key in store.keys()}  # noqa: SIM118 (H5 store)
+    if set(saved) < set(expected) and not any(
+            name.startswith(("slots/", "accumulators/", "masters/")) for name in saved):
+        # Saved before the first step, when only the counters exist: restore them and
+        # keep the new state, as Keras loads an optimizer saved unbuilt.
+        for name, key in saved.items():
+            expected[name].assign(store[key])
+        return
     matched, difference = matched_layout(
         {k: list(v.shape) for k, v in expected.items()},
         {k: list(store[key].shape) for k, key in saved.items()})
