@@ -313,6 +313,23 @@ def test_coming_from_keras_page_is_generated_from_the_registry_and_from_keras():
         assert f"### `{argument}" in page, argument
 
 
+def test_coming_from_tf_addons_page_is_generated_from_the_registry():
+    """Every optimizer, wrapper and schedule TF Addons exported is on the page, whose
+    gradpipe keys and defaults docs/gen_tfa_page.py reads from the registry."""
+    result = subprocess.run([sys.executable, str(ROOT / "docs" / "gen_tfa_page.py"),
+                             "--check"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    page = (ROOT / "docs" / "coming-from-tf-addons.md").read_text()
+    # tfa.optimizers.__all__ of TF Addons 0.23, its last release, less its base classes
+    for name in ("AdaBelief", "AdamW", "COCOB", "ConditionalGradient",
+                 "CyclicalLearningRate", "ExponentialCyclicalLearningRate", "LAMB",
+                 "LazyAdam", "Lookahead", "MovingAverage", "MultiOptimizer", "NovoGrad",
+                 "ProximalAdagrad", "RectifiedAdam", "SGDW", "SWA",
+                 "Triangular2CyclicalLearningRate", "TriangularCyclicalLearningRate",
+                 "Yogi", "extend_with_decoupled_weight_decay"):
+        assert f"`{name}" in page, name
+
+
 def test_plugin_guide_hook_table_agrees_with_the_hookspecs():
     """Each name the guide's hook table gives for what a factory returns is in that
     hook's specification: one truth, in gradpipe.hookspecs."""
