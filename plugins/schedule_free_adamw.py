@@ -28,7 +28,6 @@ IndexedSlices gradient is densified: a sparse gradient steps like its dense sum.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any, ClassVar, NamedTuple
 
 import attrs
@@ -48,6 +47,7 @@ from gradpipe.plugin import (
     variable_patterns,
     zeros_like_vars,
 )
+from gradpipe.plugins.weight_averaging import swapped_in
 
 NAME = "schedule_free_adamw"
 
@@ -177,6 +177,9 @@ def averaged_values(pipe: Any, which: int | str = NAME) -> list[Any]:
     variables, offsets, b1 = _slots(pipe, which)
     values = []
     for var, offset in zip(variables, offsets):
+        if offset.shape != var.shape:  # a variable the rule does not select: no slot
+            values.append(tf.identity(var))
+            continue
         dtype = offset.dtype
         b = tf.cast(b1, dtype)
         x = value_of(var, dtype) - (1 - b) / b * tf.convert_to_tensor(offset)
@@ -184,25 +187,14 @@ def averaged_values(pipe: Any, which: int | str = NAME) -> list[Any]:
     return values
 
 
-@contextlib.contextmanager
-def averaged_weights(pipe: Any, which: int | str = NAME) -> Iterator[list[Any]]:
+def averaged_weights(pipe: Any, which: int | str = NAME
+                     ) -> contextlib.AbstractContextManager[list[Any]]:
     """Put the averaged point ``x`` into the variables; put ``y`` back afterwards.
 
     The equivalent of the reference implementation's ``optimizer.eval()`` then
     ``optimizer.train()``: evaluate or save inside the block, train outside it.
     Training steps inside the block would start from ``x``, not ``y``: don't."""
-    import tensorflow as tf
-
-    variables = pipe.model_variables
-    averaged = averaged_values(pipe, which)
-    saved = [tf.identity(v) for v in variables]
-    for var, value in zip(variables, averaged):
-        var.assign(value)
-    try:
-        yield variables
-    finally:
-        for var, value in zip(variables, saved):
-            var.assign(value)
+    return swapped_in(pipe.model_variables, averaged_values(pipe, which))
 
 
 @hookimpl

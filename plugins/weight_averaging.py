@@ -235,34 +235,41 @@ def averaged_values(pipe: Any, which: int | str | None = None) -> list[Any]:
     index = _averaging_transform(pipe, which)
     slots = pipe.transform_state(index)
     first = getattr(pipe.spec.transforms[index].config, "start_averaging", 0)
-    if int(slots["count"].numpy()) <= first:  # SWA: before its first member
-        raise GradpipeError(f"the average has no member yet: {int(slots['count'].numpy())} "
-                            f"steps applied, and step {first} (from 0) is its first")
+    applied = int(slots["count"].numpy()) if "count" in slots else 0  # built or not
+    if applied <= first:  # SWA: before its first member
+        raise GradpipeError(f"the average has no member yet: {applied} steps applied, "
+                            f"and step {first} (from 0) is its first")
     names = _slot_names(pipe.model_variables)
     values = []
     for var, name in zip(pipe.model_variables, names):
         average = slots.get(f"weights/{name}")
-        values.append(tf.identity(var) if average is None
-                      else tf.cast(tf.convert_to_tensor(average), var.dtype))
+        if average is None or average.shape != var.shape:  # a variable it does not select
+            values.append(tf.identity(var))
+        else:
+            values.append(tf.cast(tf.convert_to_tensor(average), var.dtype))
     return values
 
 
 @contextlib.contextmanager
-def averaged_weights(pipe: Any, which: int | str | None = None) -> Iterator[list[Any]]:
-    """Put the averages into the model's variables; put the trained weights back
-    when the block ends. Evaluate or save inside it; train outside it."""
+def swapped_in(variables: list[Any], values: list[Any]) -> Iterator[list[Any]]:
+    """``values`` in ``variables`` inside the block, their own values again after it."""
     import tensorflow as tf
 
-    variables = pipe.model_variables
-    averages = averaged_values(pipe, which)
-    trained = [tf.identity(v) for v in variables]
-    for var, value in zip(variables, averages):
+    kept = [tf.identity(v) for v in variables]
+    for var, value in zip(variables, values):
         var.assign(value)
     try:
         yield variables
     finally:
-        for var, value in zip(variables, trained):
+        for var, value in zip(variables, kept):
             var.assign(value)
+
+
+def averaged_weights(pipe: Any, which: int | str | None = None
+                     ) -> contextlib.AbstractContextManager[list[Any]]:
+    """Put the averages into the model's variables; put the trained weights back
+    when the block ends. Evaluate or save inside it; train outside it."""
+    return swapped_in(pipe.model_variables, averaged_values(pipe, which))
 
 
 def assign_averaged_weights(pipe: Any, which: int | str | None = None) -> None:

@@ -724,3 +724,42 @@ def test_the_tfa_sections_of_the_docs_build():
     assert len(blocks) == 2
     for block in blocks:
         gradpipe.parse(tomllib.loads(block))
+
+
+def test_each_rule_keeps_state_for_its_group_only(tmp_path):
+    """As each of MultiOptimizer's optimizers has slots for its own layers only, a
+    rule limited by ``variables`` keeps an empty slot for every other variable (the
+    layout shows it); the groups still train as their rules alone, a sparse
+    embedding gradient included, and the state survives a checkpoint."""
+    def start():
+        return [tf.Variable(tf.ones([1000, 8]), name="embedding"),
+                tf.Variable(tf.fill([8, 1], 0.5), name="head")]
+
+    table = {"transforms": [{"kind": "adagrad", "learning_rate": 0.1,
+                             "variables": ["embedding"]},
+                            {"kind": "adam", "learning_rate": 0.1, "variables": ["head"]}]}
+    grads = [tf.IndexedSlices(tf.fill([2, 8], 0.5), tf.constant([3, 7]), tf.constant([1000, 8])),
+             tf.fill([8, 1], 0.25)]
+    variables, pipe = start(), gradpipe.build(table)
+    for _ in range(3):
+        pipe.apply_gradients(zip(grads, variables))
+    slots = {name: shape for name, shape in pipe.layout().items() if name.startswith("slots/")}
+    assert slots and all(shape == ([0] if ("adam" in name) == ("embedding" in name) else
+                                   ([1000, 8] if "embedding" in name else [8, 1]))
+                         for name, shape in slots.items() if "/count" not in name), slots
+
+    alone = start()
+    for rule, var, g in ((table["transforms"][0], alone[0], grads[0]),
+                         (table["transforms"][1], alone[1], grads[1])):
+        single = gradpipe.build({"transforms": [{k: v for k, v in rule.items()
+                                                  if k != "variables"}]})
+        for _ in range(3):
+            single.apply_gradients([(g, var)])
+    for a, b in zip(variables, alone):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+    tf.train.Checkpoint(optimizer=pipe).write(str(tmp_path / "ckpt"))
+    restored = gradpipe.build(table)
+    restored.build(start())
+    tf.train.Checkpoint(optimizer=restored).read(str(tmp_path / "ckpt")).assert_consumed()
+    assert restored.layout() == pipe.layout()

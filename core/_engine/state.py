@@ -158,7 +158,7 @@ class StateStore(tf.Module):
                     state = transform.init([tf.zeros([self.packing.total])])
                     names, owners = leaf_names(state, [PACKED_PATH])
                 else:
-                    state = transform.init(variables)
+                    state = transform.init(self._selected(i, variables))
                     names, owners = leaf_names(state, paths)
                 self._owners[key] = dict(zip(names, owners))
                 leaves, slots = {}, {}
@@ -187,6 +187,14 @@ class StateStore(tf.Module):
         self.by_name.update({f"accumulators/{p}": v for p, v in self.accumulators.items()})
         self.by_name.update({f"masters/{p}": v for p, v in self.masters.items()})
         self.built = True
+
+    def _selected(self, i: int, variables: list[Any]) -> list[Any]:
+        """What transform ``i``'s ``init`` is given: the variables it selects, and for
+        each other one an empty tensor of its dtype, so that a rule limited to some
+        variables (``variables``, ``exclude``) keeps no slots for the rest. Its
+        ``update`` sees ``None`` gradients for them and passes their state on."""
+        return [var if seen else tf.zeros([0], var.dtype)
+                for var, seen in zip(variables, self.masks[i])]
 
     def _views(self, key: str, name: str, packed: tf.Variable,
                paths: list[str]) -> dict[str, SlotView]:
