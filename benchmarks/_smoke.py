@@ -22,7 +22,7 @@ from _plugin import installed_plugin
 
 RUNS = [("step", []), ("step", ["--small"]), ("step", ["--rule", "sgd", "--no-xla"]),
         ("fit", []), ("startup", []), ("memory", []), ("first_step", ["--models", "dense"]),
-        ("rules", []), ("thirdparty", []), ("compare", [])]
+        ("rules", []), ("thirdparty", []), ("compare", []), ("catalog", [])]
 
 
 def run(name: str, extra: list[str]) -> str:

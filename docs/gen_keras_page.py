@@ -20,6 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import attrs
 import keras
 import tomli_w
+from _generated import write_or_check
 
 import gradpipe
 from gradpipe.keras_mapping import BASE_KEYS, RULES
@@ -129,17 +130,9 @@ def page() -> str:
     ]).rstrip() + "\n"
 
 
-def main(check: bool) -> int:
-    text = page()
-    if check:
-        if not PAGE.exists() or PAGE.read_text() != text:
-            print(f"{PAGE} is stale: run python docs/gen_keras_page.py")
-            return 1
-        return 0
-    PAGE.write_text(text)
-    print(f"wrote {PAGE}")
-    return 0
+def main() -> int:
+    return write_or_check({PAGE: page()}, "gen_keras_page.py")
 
 
 if __name__ == "__main__":
-    sys.exit(main("--check" in sys.argv))
+    sys.exit(main())

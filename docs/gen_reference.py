@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _generated import write_or_check
+
 from gradpipe._engine.proofs import PROVED
 from gradpipe.cli import _parser
 from gradpipe.config_rows import FieldRow, field_rows, summary
@@ -215,16 +217,8 @@ def _doc_comment(name: str, path: Path) -> str:
 
 
 def main() -> int:
-    pages = {PAGE: render(), CLI_PAGE: render_cli(), API_PAGE: render_plugin_api()}
-    if "--check" in sys.argv:
-        stale = [page for page, text in pages.items()
-                 if not page.exists() or page.read_text() != text]
-        for page in stale:
-            print(f"{page} is stale: run python docs/gen_reference.py", file=sys.stderr)
-        return 1 if stale else 0
-    for page, text in pages.items():
-        page.write_text(text)
-    return 0
+    return write_or_check({PAGE: render(), CLI_PAGE: render_cli(),
+                           API_PAGE: render_plugin_api()}, "gen_reference.py")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import attrs
 import tomli_w
+from _generated import write_or_check
 
 import gradpipe
 from gradpipe.registry import get_registry
@@ -41,6 +42,7 @@ def rule(kind: str) -> dict[str, Any]:
 
 NO = "- no such option"
 WARMUP = "a `learning_rate` schedule (below)"
+EXCLUDE = "`exclude = [regex, ...]` on `weight_decay` (`variables` for `decay_var_list`)"
 RULE = {"kind": "adam"}  # "any rule" in the wrappers' tables
 OPTIMIZERS = [
     Entry("AdaBelief", {"learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999,
@@ -100,16 +102,18 @@ OPTIMIZERS = [
            "amsgrad": NO, "sma_threshold": "radam.threshold", "total_steps": WARMUP,
            "warmup_proportion": WARMUP, "min_lr": WARMUP}),
     Entry("SGDW", {"weight_decay": REQUIRED, "learning_rate": 0.001, "momentum": 0.0,
-                   "nesterov": False},
+                   "nesterov": False, "exclude_from_weight_decay": None},
           [rule("sgd"), {"kind": "weight_decay", "weight_decay": 1e-4}],
           {"weight_decay": "weight_decay.weight_decay", "learning_rate": "sgd.learning_rate",
-           "momentum": "sgd.momentum", "nesterov": "sgd.nesterov"}),
+           "momentum": "sgd.momentum", "nesterov": "sgd.nesterov",
+           "exclude_from_weight_decay": EXCLUDE}),
     Entry("AdamW", {"weight_decay": REQUIRED, "learning_rate": 0.001, "beta_1": 0.9,
-                    "beta_2": 0.999, "epsilon": 1e-7, "amsgrad": False},
+                    "beta_2": 0.999, "epsilon": 1e-7, "amsgrad": False,
+                    "exclude_from_weight_decay": None},
           [rule("adam"), {"kind": "weight_decay", "weight_decay": 1e-4}],
           {"weight_decay": "weight_decay.weight_decay", "learning_rate": "adam.learning_rate",
            "beta_1": "adam.beta_1", "beta_2": "adam.beta_2", "epsilon": "adam.epsilon",
-           "amsgrad": "adam.amsgrad"}),
+           "amsgrad": "adam.amsgrad", "exclude_from_weight_decay": EXCLUDE}),
     Entry("Yogi", {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-3,
                    "l1_regularization_strength": 0.0, "l2_regularization_strength": 0.0,
                    "initial_accumulator_value": 1e-6, "activation": "sign"},
@@ -240,13 +244,18 @@ def _text(value: Any) -> str:
     return f"`{value!r}`" if not isinstance(value, bool) else f"`{str(value).lower()}`"
 
 
+def _same(ours: Any, theirs: Any) -> bool:
+    """Equal defaults: 100 and 100.0 are, False and 0 are not."""
+    return ours == theirs and isinstance(ours, bool) == isinstance(theirs, bool)
+
+
 def _key_text(target: str, tfa_default: Any) -> str:
     """``kind.key [(remark)]`` as "`kind`: `key` (its default)", marked where it
     differs from TF Addons' default."""
     name, _, remark = target.partition(" ")
     kind, key = name.split(".")
     default = _default("transform", kind, key)
-    same = "" if _text(default) == _text(tfa_default) else " **differs**"
+    same = "" if _same(default, tfa_default) else " **differs**"
     return f"`{kind}`: `{key}` ({_text(default)}){same}" + (f" {remark}" if remark else "")
 
 
@@ -289,7 +298,11 @@ def summary_rows() -> list[str]:
         kinds = " + ".join(f"`{t['kind']}`" if t is not RULE else "any rule"
                            for t in entry.transforms)
         rows.append(f"| [`{entry.tfa}`](#{entry.tfa.lower()}) | {kinds} |")
-    return rows
+    return [*rows,
+            "| [`extend_with_decoupled_weight_decay`](#wrappers) | any rule + `weight_decay` |",
+            "| [`MultiOptimizer`](#wrappers) | rules with `variables = [...]` |",
+            *(f"| [`{cls}`](#schedules) | schedule `{cls}` |" for cls in SCHEDULES),
+            "| [`CyclicalLearningRate`](#schedules) | its three subclasses |"]
 
 
 def page() -> str:
@@ -343,17 +356,9 @@ def page() -> str:
     ]).rstrip() + "\n"
 
 
-def main(check: bool) -> int:
-    text = page()
-    if check:
-        if not PAGE.exists() or PAGE.read_text() != text:
-            print(f"{PAGE} is stale: run python docs/gen_tfa_page.py")
-            return 1
-        return 0
-    PAGE.write_text(text)
-    print(f"wrote {PAGE}")
-    return 0
+def main() -> int:
+    return write_or_check({PAGE: page()}, "gen_tfa_page.py")
 
 
 if __name__ == "__main__":
-    sys.exit(main("--check" in sys.argv))
+    sys.exit(main())
