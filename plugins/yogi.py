@@ -47,8 +47,11 @@ def yogi(cfg: YogiConfig) -> Transform:
 
         m, v = slots
         g2 = tf.square(g)
+        # Never negative: where v > g^2 it loses (1 - b2) g^2 < v, which rounds to at
+        # most g^2. The maximum changes no value; it lets the engine prove the root's
+        # argument non-negative instead of checking every step again.
         return (moment(g, m, beta_1),
-                v - one_minus(beta_2, v.dtype) * tf.sign(v - g2) * g2)
+                tf.maximum(v - one_minus(beta_2, v.dtype) * tf.sign(v - g2) * g2, 0))
 
     def direction(g: Any, slots: Any, count: Any) -> Any:
         import tensorflow as tf
