@@ -33,7 +33,7 @@ into the model's variables and the trained ones back afterwards (TF Addons'
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, NamedTuple
 
 import attrs
@@ -71,6 +71,15 @@ def _new_weights(u: Any, var: Any, dtype: Any) -> Any:
     """The chain's new weights, ``w - u``, as the engine will compute them."""
     u = dense(u)
     return value_of(var, dtype) - value_of(u, dtype)
+
+
+def _each_average(updates: list[Any], state: PeriodState, variables: list[Any],
+                  step: Callable[[Any, Any, Any], Any]) -> tuple[list[Any], PeriodState]:
+    """Pass the updates through; each average becomes ``step(average, the chain's new
+    weights, the variable)``."""
+    averages = [avg if u is None else step(avg, _new_weights(u, var, avg.dtype), var)
+                for u, var, avg in zip(updates, variables, state.weights)]
+    return updates, PeriodState(state.count + 1, averages)
 
 
 def _integer(inst: Any, attribute: Any, value: Any) -> None:
@@ -172,16 +181,12 @@ def moving_average(cfg: MovingAverageConfig) -> Transform:
 
         first = tf.equal(state.count, 0)
         factor = 1.0 - decay(state.count)
-        averages = []
-        for u, var, avg in zip(updates, variables, state.weights):
-            if u is None:
-                averages.append(avg)
-                continue
-            dtype = avg.dtype
-            avg = tf.where(first, value_of(var, dtype), avg)
-            new = _new_weights(u, var, dtype)
-            averages.append(avg - (avg - new) * tf.cast(factor, dtype))
-        return updates, PeriodState(state.count + 1, averages)
+
+        def step(avg: Any, new: Any, var: Any) -> Any:
+            avg = tf.where(first, value_of(var, avg.dtype), avg)
+            return avg - (avg - new) * tf.cast(factor, avg.dtype)
+
+        return _each_average(updates, state, variables, step)
 
     return Transform(_init, update)
 
@@ -211,16 +216,12 @@ def swa(cfg: SWAConfig) -> Transform:
         since = state.count - cfg.start_averaging
         joins = tf.logical_and(since >= 0, tf.equal(since % cfg.average_period, 0))
         members = tf.cast(tf.maximum(since // cfg.average_period, 0), tf.float32)
-        averages = []
-        for u, var, avg in zip(updates, variables, state.weights):
-            if u is None:
-                averages.append(avg)
-                continue
-            dtype = avg.dtype
-            n = tf.cast(members, dtype)
-            joined = (avg * n + _new_weights(u, var, dtype)) / (n + 1)
-            averages.append(tf.where(joins, joined, avg))
-        return updates, PeriodState(state.count + 1, averages)
+
+        def step(avg: Any, new: Any, var: Any) -> Any:
+            n = tf.cast(members, avg.dtype)
+            return tf.where(joins, (avg * n + new) / (n + 1), avg)
+
+        return _each_average(updates, state, variables, step)
 
     return Transform(_init, update)
 
