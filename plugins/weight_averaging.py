@@ -82,13 +82,8 @@ def _each_average(updates: list[Any], state: PeriodState, variables: list[Any],
     return updates, PeriodState(state.count + 1, averages)
 
 
-def _integer(inst: Any, attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"must be an integer, got {value!r}")
-
-
 def _count_field(default: int, low: int) -> Any:
-    return attrs.field(default=default, validator=[_integer, at_least(low)])
+    return attrs.field(default=default, validator=at_least(low))
 
 
 @attrs.frozen(kw_only=True)
@@ -154,10 +149,9 @@ class MovingAverageConfig:
 
     average_decay: Any = hyperparameter(default=0.99, validator=in_range(0.0, 1.0))
     num_updates: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional([_integer, at_least(0)]))
+        default=None, validator=attrs.validators.optional(at_least(0)))
     start_step: int = _count_field(0, 0)
-    dynamic_decay: bool = attrs.field(default=False,
-                                      validator=attrs.validators.instance_of(bool))
+    dynamic_decay: bool = False
 
 
 def moving_average(cfg: MovingAverageConfig) -> Transform:
