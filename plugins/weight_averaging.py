@@ -119,11 +119,11 @@ def lookahead(cfg: LookaheadConfig) -> Transform:
                 out.append(u)
                 slows.append(slow)
                 continue
-            dtype = slow.dtype
+            u, dtype = dense(u), slow.dtype
             w = value_of(var, dtype)
             slow = tf.where(starts, w, slow)
             back = slow + tf.cast(alpha(), dtype) * (_new_weights(u, var, dtype) - slow)
-            out.append(tf.where(syncs, tf.cast(w - back, dense(u).dtype), dense(u)))
+            out.append(tf.where(syncs, tf.cast(w - back, u.dtype), u))
             slows.append(slow)
         return out, PeriodState(state.count + 1, slows)
 
