@@ -22,7 +22,8 @@ from _plugin import installed_plugin
 
 RUNS = [("step", []), ("step", ["--small"]), ("step", ["--rule", "sgd", "--no-xla"]),
         ("fit", []), ("startup", []), ("memory", []), ("first_step", ["--models", "dense"]),
-        ("rules", []), ("thirdparty", []), ("compare", []), ("catalog", [])]
+        ("rules", []), ("thirdparty", []), ("compare", []), ("catalog", []),
+        ("parameter_server", [])]
 
 
 def run(name: str, extra: list[str]) -> str:

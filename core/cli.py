@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from .cli_args import pipeline_file
 from .errors import ConfigError, GradpipeError
 from .run_command import add_run_parser, import_tensorflow_quietly
+from .serve import add_serve_parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -115,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_from_keras)
 
     add_run_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 

@@ -86,12 +86,48 @@ def all_reduce_sum(grads: Sequence[Any], groups: list[list[int]] | None = None,
     return [None if g is None else next(reduced) for g in grads]
 
 
+def shards_of(var: Any) -> list[Any] | None:
+    """The shards of a variable split over parameter servers (a ``ShardedVariable``,
+    or a Keras 3 variable that holds one), in row order; ``None`` for any other."""
+    import tensorflow as tf
+
+    sharded = tf.__internal__.distribute.ShardedVariable
+    inner = var if isinstance(var, sharded) else getattr(var, "_value", None)
+    return list(inner.variables) if isinstance(inner, sharded) else None
+
+
+def gradient_sources(variables: Sequence[Any]) -> list[Any]:
+    """What to give ``GradientTape.gradient`` for ``variables``: each variable that is
+    split over parameter servers replaced by its shards, the others as they are.
+
+    ``tape.gradient`` cannot differentiate a Keras 3 variable whose value is
+    sharded, but it can its shards; an embedding lookup gives each shard the
+    rows it owns. Pass the result to ``pipe.apply_gradients`` too::
+
+        sources = gradpipe.distribute.gradient_sources(model.trainable_variables)
+        grads = tape.gradient(loss, sources)
+        pipe.apply_gradients(zip(grads, sources))
+    """
+    out: list[Any] = []
+    for var in variables:
+        out.extend(shards_of(var) or [var])
+    return out
+
+
+def is_parameter_server(strategy: Any) -> bool:
+    """Whether ``strategy`` keeps variables on parameter servers."""
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
 def build_eagerly_once(build: Callable[[], None]) -> None:
     """Run ``build`` (which creates state variables) eagerly, never inside a trace;
     from inside ``strategy.run``, once for all replicas, in the cross-replica context
     that creating mirrored variables needs. Keras 3 optimizers build in this spot."""
     import tensorflow as tf
 
+    @tf.autograph.experimental.do_not_convert  # called from a converted train step
     def eagerly(*_: Any) -> None:
         with tf.init_scope():
             build()
@@ -132,8 +168,14 @@ class Placement:
     def loss_divisor(self) -> int:
         return self.group_size if self.reduction == "mean" else 1
 
-    def check_can_update_mirrored(self) -> None:
-        """Refuse groups that would give mirrored copies different updates."""
+    def check_replicated_step(self, jit_compile: Any) -> None:
+        """Refuse what several replicas cannot run: a step compiled for one device,
+        or groups that would give mirrored copies different updates."""
+        if jit_compile is True:
+            raise PlacementError(
+                "[pipeline] jit_compile = true compiles the update for one device; "
+                f"this placement has {self.num_replicas} replicas. Compile the whole "
+                "replica step instead, or turn jit_compile off")
         if self.groups is not None and len(self.groups) > 1:
             raise PlacementError(
                 f"group_assignment {self.groups} reduces each group on its own, so the "
@@ -164,3 +206,57 @@ def split_cpu(count: int) -> None:
                 f"logical_cpus = {count}, but TensorFlow's runtime already started with "
                 f"{have} CPU device(s); build the pipeline before running any TensorFlow "
                 "op, or split the CPU yourself first") from None
+
+
+def local_cluster(workers: int = 1, ps: int = 2) -> Any:
+    """Start ``workers`` workers and ``ps`` parameter servers as real TensorFlow servers
+    in this process, on free localhost ports; return their cluster resolver.
+
+    For trying parameter servers on one machine (and for tests): give the resolver
+    to ``tf.distribute.ParameterServerStrategy``, or its addresses to the
+    ``parameter_server`` placement (``resolver.cluster_spec().as_dict()``). The
+    servers live as long as the process.
+    """
+    import socket
+
+    import tensorflow as tf
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            return int(s.getsockname()[1])
+
+    cluster = tf.train.ClusterSpec({
+        "worker": [f"localhost:{free_port()}" for _ in range(workers)],
+        "ps": [f"localhost:{free_port()}" for _ in range(ps)]})
+    # Servers in one process share its cores: without enough inter-op threads each,
+    # a worker's closure and the servers' variable ops wait on each other.
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=workers + ps + 2)
+    _SERVERS.extend(tf.distribute.Server(cluster, job_name=job, task_index=i,
+                                         protocol="grpc", config=config, start=True)
+                    for job in ("worker", "ps") for i in range(cluster.num_tasks(job)))
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
+
+
+_SERVERS: list[Any] = []  # a server stops when collected: keep them for the process
+
+
+def weights_by_path(model: Any) -> Any:
+    """A model's weights as one checkpointable object, each under its Keras path, a
+    sharded one as a single whole: ``tf.train.Checkpoint(model=weights_by_path(model),
+    pipeline=pipe)``.
+
+    Keras 3 cannot checkpoint a variable split over parameter servers (its
+    variable hands TensorFlow the ``ShardedVariable`` as if it were one tensor).
+    Saved this way, the weights restore into any number of shards, and into the
+    same model in one process through its own ``weights_by_path`` (and back).
+    """
+    import tensorflow as tf
+
+    from .names import slot_name, variable_path
+
+    weights = {}
+    for var in getattr(model, "weights", model):
+        inner = getattr(var, "_value", None)
+        weights[slot_name(variable_path(var))] = var if inner is None else inner
+    return tf.train.Checkpoint(**weights)

@@ -20,9 +20,14 @@ from typing import Any
 _NUMBER = re.compile(r"_(\d+)$")
 
 
+#: Set by the engine on each shard of a variable split over parameter servers: the
+#: path of the variable it belongs to, so that patterns match a shard as its variable.
+SHARD_PATH = "_gradpipe_path"
+
+
 def variable_path(var: Any) -> str:
     """The path patterns match: Keras ``path`` (``dense/kernel``), else the TF name."""
-    name = getattr(var, "path", None) or var.name
+    name = getattr(var, "path", None) or getattr(var, SHARD_PATH, None) or var.name
     return re.sub(r":\d+$", "", name)
 
 

@@ -9,7 +9,8 @@ from typing import Any
 import attrs
 
 from .components import build_component
-from .errors import ConfigError
+from .distribute import is_parameter_server
+from .errors import ConfigError, GradpipeError
 from .progress import Overall, Progress
 from .spec import ComponentSpec, PipelineSpec
 
@@ -136,6 +137,12 @@ class _Loop:
 
         self.pipe, self.task = pipe, task
         strategy = pipe.strategy
+        if is_parameter_server(strategy):
+            raise GradpipeError(
+                "gradpipe run trains a problem in this process; under parameter servers "
+                "your own program is the coordinator that schedules the workers' steps "
+                "(docs/distribution.md, \"Parameter servers\", and "
+                "examples/parameter_server/train.py)")
 
         def replica_step(step: tf.Tensor) -> tuple[Any, ...]:
             # Data parallelism: replica r of n takes mini-batch step * n + r.

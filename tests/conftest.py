@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -60,6 +61,17 @@ def gradpipe_command(*args, env: dict[str, str] | None = None, cwd=None,
         os.chdir(here)
     return subprocess.CompletedProcess(["gradpipe", *argv], code, out.getvalue(),
                                        err.getvalue())
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` TCP ports free on localhost now (for servers a test starts)."""
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
 
 
 def assert_close(actual, expected, *, rtol, atol):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import gradpipe
-from conftest import ROOT, assert_close
+from conftest import ROOT, assert_close, free_ports
 from gradpipe import ConfigError, PlacementError
 from gradpipe.distribute import validate_group_assignment
 
@@ -220,16 +219,6 @@ def test_missing_gpu_is_a_placement_error():
         gradpipe.create("placement", {"kind": "gpu", "device": 7})
 
 
-def _free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("lazy", [False, True], ids=["built", "built-on-first-apply"])
 def test_multi_worker_two_processes(tmp_path, lazy):
@@ -237,7 +226,7 @@ def test_multi_worker_two_processes(tmp_path, lazy):
     batch, whether the pipeline is built beforehand or by its first apply_gradients."""
     script = str(ROOT / "tests" / "workers" / "multi_worker_train.py")
     flags = ["--lazy"] if lazy else []
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     procs = []
     for index in range(2):
         env = {**os.environ, "TF_CONFIG": json.dumps(

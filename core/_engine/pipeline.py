@@ -18,9 +18,8 @@ import tensorflow as tf
 
 from ..components import build_component, component_spec
 from ..distribute import build_eagerly_once
-from ..errors import GradpipeError, PlacementError
+from ..errors import GradpipeError
 from ..fields import ScheduleRef
-from ..names import variable_path
 from ..registry import Registry, get_registry
 from ..spec import ComponentSpec, PipelineSpec
 from ..transform import BuildContext, build_scope, hyper
@@ -33,6 +32,7 @@ from .plan import Choice, Plan, make_plan
 from .proofs import proof_for
 from .rows import describe_rows
 from .selection import frozen_variables, transform_masks
+from .shards import expand, servers_choice
 from .state import Counters, StateStore
 from .step import Step
 from .summaries import scheduled_hyperparameters
@@ -115,7 +115,8 @@ class Pipeline(tf.Module):
 
     @property
     def model_variables(self) -> list[Any]:
-        """The variables the pipeline was built for, in the order it was given them."""
+        """The variables the pipeline was built for, in the order it was given them
+        (a variable split over parameter servers as its shards)."""
         return list(self._state.model_variables)
 
     @property
@@ -223,28 +224,26 @@ class Pipeline(tf.Module):
         """Create all state for ``variables`` now (also done on first use)."""
         replicas = int(self.strategy.num_replicas_in_sync)
         if self.placement is not None and replicas > 1:
-            self.placement.check_can_update_mirrored()
-            if self._spec.options.jit_compile is True:
-                raise PlacementError(
-                    "[pipeline] jit_compile = true compiles the update for one device; "
-                    f"this placement has {replicas} replicas. Compile the whole replica "
-                    "step instead, or turn jit_compile off")
+            self.placement.check_replicated_step(self._spec.options.jit_compile)
         if self._state.built:
             return
-        variables = list(variables)
-        paths = [variable_path(v) for v in variables]
+        shards = expand(variables)
+        variables, paths = shards.variables, shards.paths
         masks = transform_masks(self._spec, paths)
         frozen = frozen_variables(self._spec, paths, masks)
+        servers = servers_choice(shards, strategy=self.strategy, spec=self._spec,
+                                 transforms=self._transforms, masks=masks,
+                                 context=self._context)
         plan = make_plan(
             self._spec, variables=variables, masks=masks, frozen=frozen,
             proved=[p is not None for p in self._proofs], has_kernel=self._kernel is not None,
             replicas=replicas, clip_per_replica=bool(
-                getattr(self.placement, "clip_before_reduce", False)),
+                getattr(self.placement, "clip_before_reduce", False)), servers=servers,
             elementwise_probe=lambda i: elementwise_mismatch(self._transforms[i],
                                                              self._context),
             how_bounded=lambda i: how_bounded(self._transforms[i], self._context, maths_key(
                 self._spec, i, self._transforms[i])))
-        self._state.build(variables, transforms=self._transforms, strategy=self.strategy,
+        self._state.build(shards, transforms=self._transforms, strategy=self.strategy,
                           masks=masks, frozen=frozen, pack=plan.pack.on)
         step = Step(spec=self._spec, transforms=self._transforms, kernel=self._kernel,
                     proofs=self._proofs, state=self._state, plan=plan,

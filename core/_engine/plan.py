@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 import tensorflow as tf
 
+from ..distribute import is_parameter_server
 from ..errors import GradpipeError
 from ..spec import PipelineSpec
 from ..transform import accelerator_visible
@@ -75,6 +76,8 @@ class Plan:
         rows: which variables a sparse gradient (an embedding lookup's) updates by
             rows, and why the others are made dense; found when the plan is first
             read (``pipe.plan``), not at build.
+        servers: under parameter servers, which variables are split over them and
+            how their shards are updated (``None`` elsewhere).
     """
 
     compile: Choice
@@ -87,6 +90,7 @@ class Plan:
     ranged: tuple[int, ...] = ()
     per_variable: Choice = Choice(False, "the step is not compiled")
     rows: Choice | None = None
+    servers: Choice | None = None
 
     def __str__(self) -> str:
         rows = [("XLA", str(self.compile)), ("packed state", str(self.pack)),
@@ -94,6 +98,8 @@ class Plan:
                 ("in sequence", str(self.sequence))]
         if self.rows is not None:
             rows.append(("by rows", str(self.rows)))
+        if self.servers is not None:
+            rows.append(("sharded", str(self.servers)))
         if self.clip_before_reduce:
             rows.append(("per replica", "transforms " + ", ".join(
                 f"[{i}]" for i in self.clip_before_reduce) + " clip before the reduction"))
@@ -160,7 +166,7 @@ def xla_pays(sizes: list[int | None], in_place: bool) -> tuple[bool, str]:
 
 def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool]],
               frozen: list[bool], proved: list[bool], has_kernel: bool,
-              replicas: int, clip_per_replica: bool,
+              replicas: int, clip_per_replica: bool, servers: Choice | None = None,
               elementwise_probe: Any = None,
               how_bounded: Callable[[int], str] | None = None) -> Plan:
     """Decide how the step runs (XLA is decided for good by ``compiled_or_why_not``).
@@ -168,7 +174,8 @@ def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool
     ``proved``: per transform, whether its outputs are proved finite;
     ``has_kernel``: the last transform has a fused in-place kernel;
     ``elementwise_probe(i)``: "" if transform ``i`` gives the same numbers packed,
-    else why not (run only where packing is otherwise chosen).
+    else why not (run only where packing is otherwise chosen);
+    ``servers``: under parameter servers, how sharded variables are updated.
     """
     options = spec.options
     pre_reduce = clip_before_reduce(spec, clip_per_replica)
@@ -178,12 +185,15 @@ def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool
     guarded = options.check_updates
     kernel_usable = has_kernel and (proved[last] or not guarded)
     pack = _pack(spec, variables, sizes, pre_reduce, replicas, kernel_usable,
-                 elementwise_probe)
+                 elementwise_probe, on_servers=servers is not None)
     in_place = _in_place(has_kernel, kernel_usable, last in pre_reduce, all(masks[last]),
                          any(frozen), masters, pack.on)
     mode = options.jit_compile
     if mode is not True and mode is not False:
-        if replicas > 1:
+        if servers is not None:
+            compile_ = Choice(False, "the variables live on parameter servers: XLA "
+                                     "compiles for one device")
+        elif replicas > 1:
             compile_ = Choice(False, f"{replicas} replicas: XLA compiles for one device")
         elif pack.on:
             compile_ = Choice(True, "packed: one small XLA function fuses the chain")
@@ -198,16 +208,16 @@ def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool
     return Plan(compile=compile_, pack=pack, in_place=in_place,
                 sequence=_sequence(compile_.on, pack.on),
                 clip_before_reduce=pre_reduce, checks=checks, bounded=bounded,
-                ranged=ranged)
+                ranged=ranged, servers=servers)
 
 
 def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],
           pre_reduce: tuple[int, ...], replicas: int, kernel_usable: bool,
-          elementwise_probe: Any) -> Choice:
+          elementwise_probe: Any, on_servers: bool) -> Choice:
     mode = spec.options.pack_variables
     if mode is False:
         return Choice(False, "pack_variables = false")
-    blocker = _pack_blocker(spec, variables, pre_reduce, replicas)
+    blocker = _pack_blocker(spec, variables, pre_reduce, replicas, on_servers)
     if not blocker and mode is not True:
         if len(variables) < AUTO_PACK_MIN_VARIABLES:
             many = "" if len(variables) == 1 else "s"
@@ -229,12 +239,14 @@ def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],
 
 
 def _pack_blocker(spec: PipelineSpec, variables: list[Any], pre_reduce: tuple[int, ...],
-                  replicas: int) -> str:
+                  replicas: int, on_servers: bool) -> str:
     """Why ``variables`` cannot be packed ("" if they can)."""
     if pre_reduce:
         return "clip_before_reduce clips each replica's gradients separately"
     if replicas > 1 or tf.distribute.has_strategy():
         return "the step runs under a distribution strategy"
+    if on_servers:
+        return "the variables live on parameter servers"
     if spec.options.accumulation_steps > 1:
         return "accumulation_steps > 1 keeps one accumulator per variable"
     if spec.options.freeze or any(t.extra.get("variables") or t.extra.get("exclude")
@@ -283,10 +295,20 @@ def _sequence(compiled: bool, packed: bool) -> Choice:
     return Choice(True, "compiled on a CPU: large variables one after another")
 
 
+def replicated(replicas: int) -> bool:
+    """Whether a step traced now runs on replicas of a strategy. Not under parameter
+    servers: each worker runs its own step, as one process would, on variables that
+    live on the servers."""
+    if replicas > 1:
+        return True
+    return tf.distribute.has_strategy() and not is_parameter_server(
+        tf.distribute.get_strategy())
+
+
 def fusion_blocker(grads: list[Any], replicas: int) -> str:
     """Why a step traced now may not take a fused path ("" if it may): a strategy's
     replicas, sparse gradients and summary ops keep the plain path."""
-    if tf.distribute.has_strategy() or replicas > 1:
+    if replicated(replicas):
         return "a distribution strategy"
     if any(isinstance(g, tf.IndexedSlices) for g in grads):
         return "sparse gradients"

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from ..names import variable_path
 from ..transform import build_scope
+from .plan import replicated
 
 Chain = Callable[[list[Any]], tuple[list[Any], dict[int, Any]]]
 
@@ -32,7 +33,7 @@ class SparseInputs:
 
     def __call__(self, grads: list[Any]) -> list[Any]:
         sparse = tuple(i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices))
-        if not sparse or tf.distribute.has_strategy() or self._replicas > 1:
+        if not sparse or replicated(self._replicas):
             return grads
         if sparse not in self._keeps_rows:
             self._keeps_rows[sparse] = chain_keeps_rows(self._chain, grads, self._dtypes)

@@ -11,16 +11,19 @@ restores exactly, built before the restore or after it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import tensorflow as tf
 
+from ..distribute import is_parameter_server
 from ..errors import GradpipeError
-from ..names import leaf_names, matched_layout, slot_name, unique_names, variable_path
+from ..names import leaf_names, matched_layout, variable_path
 from ..spec import PipelineSpec
 from .packed import PACKED_PATH, PackedLayout, PackedVariables, SlotView
+from .shards import Shards, StepLock, tf_variable, variable_key
 from .step_ops import exactly_one_after
 
 
@@ -38,20 +41,6 @@ class _Untracked:
 
     def __init__(self, items: list[Any]) -> None:
         self.items = items
-
-
-def _key(var: Any) -> Any:
-    return var.ref() if hasattr(var, "ref") else id(var)
-
-
-def _tf_variable(var: Any) -> Any:
-    """The tf.Variable behind a Keras 3 variable (TF backend); else ``var`` itself.
-
-    Keras variables have no ``scatter_sub`` and may autocast on read; the engine
-    updates the variable they wrap (a MirroredVariable under a strategy).
-    """
-    inner = getattr(var, "_value", None)
-    return inner if inner is not None and hasattr(inner, "assign_sub") else var
 
 
 class StateStore(tf.Module):
@@ -81,6 +70,8 @@ class StateStore(tf.Module):
         # A layout restored before the state existed: matched when build() makes it.
         self.pending_restore: dict[str, list[int]] | None = None
         self.built = False
+        self.lock: StepLock | None = None
+        self._shards = _Untracked([None])  # the build's Shards: align() splits by them
 
     @property
     def by_name(self) -> dict[str, Any]:
@@ -116,18 +107,29 @@ class StateStore(tf.Module):
     def compute_dtypes(self) -> list[Any]:
         return [v.dtype for v in self.variables]
 
-    def build(self, variables: list[Any], *, transforms: list[Any], strategy: Any,
+    def build(self, shards: Shards, *, transforms: list[Any], strategy: Any,
               masks: list[list[bool]], frozen: list[bool], pack: bool) -> None:
-        """Create the state of ``transforms`` for ``variables`` in ``strategy``'s scope;
-        ``masks``/``frozen`` say which variables each transform sees and which are never
-        updated (:mod:`gradpipe._engine.selection`), ``pack`` whether the state is one
+        """Create the state of ``transforms`` for ``shards.variables`` in ``strategy``'s
+        scope, each variable's beside it on a parameter server; ``masks``/``frozen`` say
+        which variables each transform sees and which are never updated
+        (:mod:`gradpipe._engine.selection`), ``pack`` whether the state is one
         vector each (the plan decides)."""
         if self.built:
             return
+        self._shards = _Untracked([shards])
+        variables = shards.variables
         raw_paths = [variable_path(v) for v in variables]
-        paths = unique_names([slot_name(p) for p in raw_paths])
-        self._index = {_key(v): i for i, v in enumerate(variables)}
-        variables = [_tf_variable(v) for v in variables]
+        paths = shards.stems
+        self._index = {variable_key(v): i for i, v in enumerate(variables)}
+        variables = [tf_variable(v) for v in variables]
+        colocated = is_parameter_server(strategy)
+        if colocated:  # one step at a time: see shards.StepLock
+            self.lock = StepLock(variables[0])
+
+        def beside(var: Any) -> Any:
+            """On parameter servers, state is created on its variable's server."""
+            return (strategy.extended.colocate_vars_with(var) if colocated and var is not None
+                    else contextlib.nullcontext())
         self._model_vars.items = list(variables)
         self.masks, self.frozen = masks, frozen
         with strategy.scope():
@@ -137,8 +139,9 @@ class StateStore(tf.Module):
             for path, raw, var in zip(paths, raw_paths, variables):
                 if var.dtype in (tf.float16, tf.bfloat16):
                     # Named like the model variable, so patterns match it the same way.
-                    self.masters[path] = tf.Variable(
-                        tf.cast(var.read_value(), tf.float32), trainable=False, name=raw)
+                    with beside(var):
+                        self.masters[path] = tf.Variable(
+                            tf.cast(var.read_value(), tf.float32), trainable=False, name=raw)
                     compute.append(self.masters[path])
                 else:
                     compute.append(var)
@@ -162,10 +165,11 @@ class StateStore(tf.Module):
                     names, owners = leaf_names(state, paths)
                 self._owners[key] = dict(zip(names, owners))
                 leaves, slots = {}, {}
-                for name, leaf in zip(names, tf.nest.flatten(state)):
+                for name, leaf, owner in zip(names, tf.nest.flatten(state), owners):
                     initial = tf.convert_to_tensor(leaf)
-                    leaves[name] = tf.Variable(initial, trainable=False,
-                                               name=f"{key}/{name}".replace("/", "_"))
+                    with beside(None if owner is None else variables[owner]):
+                        leaves[name] = tf.Variable(initial, trainable=False,
+                                                   name=f"{key}/{name}".replace("/", "_"))
                     if PACKED_PATH in name:
                         slots.update(self._views(key, name, leaves[name], paths))
                     else:
@@ -179,11 +183,13 @@ class StateStore(tf.Module):
                 self._layout.items.append((key, structure, names))
             if self._spec.options.accumulation_steps > 1:
                 for path, var in zip(paths, variables):
-                    self.accumulators[path] = tf.Variable(
-                        tf.zeros(var.shape, _master_dtype(var.dtype)),
-                        trainable=False, name=f"accumulator_{path}")
+                    with beside(var):
+                        self.accumulators[path] = tf.Variable(
+                            tf.zeros(var.shape, _master_dtype(var.dtype)),
+                            trainable=False, name=f"accumulator_{path}")
         for key, slots in self.slots.items():
-            self.by_name.update({f"slots/{key}/{name}": var for name, var in slots.items()})
+            grouped = shards.grouped(slots, self._owners[key])
+            self.by_name.update({f"slots/{key}/{name}": var for name, var in grouped.items()})
         self.by_name.update({f"accumulators/{p}": v for p, v in self.accumulators.items()})
         self.by_name.update({f"masters/{p}": v for p, v in self.masters.items()})
         self.built = True
@@ -258,8 +264,8 @@ class StateStore(tf.Module):
     def align(self, pairs: Sequence[tuple[Any, Any]]) -> list[Any]:
         """Gradients in the order of the built variables; ``None`` where absent."""
         grads: list[Any] = [None] * len(self._index)
-        for g, v in pairs:
-            index = self._index.get(_key(v))
+        for g, v in self._shards.items[0].split(pairs):
+            index = self._index.get(variable_key(v))
             if index is None:
                 raise GradpipeError(
                     f"variable {getattr(v, 'name', v)!r} was not among the variables "

@@ -43,11 +43,7 @@ from .proofs import Prove
 from .rows import SparseInputs
 from .sequence import VariableSequence
 from .state import Counters, StateStore
-from .step_ops import (
-    finite_and_record_norm,
-    real_branch_marker,
-    unscale,
-)
+from .step_ops import finite_and_record_norm, real_branch_marker, unscale
 from .summaries import write_step_summaries, write_update_summaries
 from .writes import assign, kept_where_skipped, subtract_packed
 
@@ -86,6 +82,10 @@ class Step:
     # -- entry -------------------------------------------------------------
 
     def apply(self, pairs: list[tuple[Any, Any]]) -> tf.Tensor:
+        lock = self.state.lock  # on parameter servers: one step at a time
+        return lock(lambda: self._apply(pairs)) if lock else self._apply(pairs)
+
+    def _apply(self, pairs: list[tuple[Any, Any]]) -> tf.Tensor:
         grads, present = self._inputs(pairs)
         blocked = fusion_blocker(grads, self._replicas)
         # per variable: the step calls each variable's XLA function (``_update``)
