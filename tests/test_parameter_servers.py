@@ -33,24 +33,30 @@ def plan_row(plan: str, name: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags", [[], ["--lazy", "--own-strategy"]],
-                         ids=["dense-placement", "lazy-own-strategy"])
+@pytest.mark.parametrize("flags", [[], ["--lazy", "--own-strategy"],
+                                   ["--lazy", "--build-with-shards", "--whole-gradients"]],
+                         ids=["dense-placement", "lazy-own-strategy",
+                              "built-with-shards-given-whole-gradients"])
 def test_one_worker_trains_as_one_process(flags):
     """20 steps of clip_by_global_norm + adam on a table split over two servers equal
-    one process within 1e-5; every state variable lives beside its variable."""
+    one process within 1e-5; every state variable lives beside its variable. The
+    pipeline takes the Keras variables or their shards, and each shard's gradient
+    or the whole variable's."""
     out = scenario("train", *flags)
     assert out["max_difference"] <= 1e-5
     assert (out["iterations"], out["skipped"]) == (20, 0)
     assert out["shards"] == SHARDS and out["colocated"]
     plan = out["plan"]
     assert plan_row(plan, "sharded") == (
+        "sharded       no: no ShardedVariable among the variables on 2 servers; each is "
+        "updated where it lives, its state beside it" if "--build-with-shards" in flags else
         "sharded       yes: model.embedding.embeddings split over 2 servers: each shard is "
         "updated where it lives, its state beside it")
     assert "parameter servers" in plan_row(plan, "XLA")
     assert plan_row(plan, "packed state").endswith("the variables live on parameter servers")
     assert plan_row(plan, "by rows").startswith(
         "by rows       yes" if "--lazy" in flags else "by rows       no")
-    assert out["placement"] == ("current" if flags else
+    assert out["placement"] == ("current" if "--own-strategy" in flags else
                                 "parameter_server: 1 worker(s), 2 server(s), variables "
                                 "split into up to 2 shards of at least 1,024 bytes")
 

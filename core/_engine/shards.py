@@ -53,15 +53,13 @@ class Shards:
     Attributes:
         variables: what the engine updates.
         stems: each one's name in state names (a shard: its variable's, ``.part_K``).
-        groups: per sharded variable, its stem and its shards' indices.
-        wholes: a sharded variable (its Keras variable and its ``ShardedVariable``)
-            -> index of its first shard and the rows of each shard.
+        groups: per sharded variable, its stem and its shards' indices (none where
+            the pipeline was built from the shards themselves).
     """
 
     variables: list[Any]
     stems: list[str]
     groups: list[tuple[str, list[int]]]
-    wholes: dict[Any, tuple[int, list[int]]]
 
     @property
     def paths(self) -> list[str]:
@@ -70,16 +68,13 @@ class Shards:
 
     def split(self, pairs: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         """``pairs`` with each whole sharded variable's gradient split by its shards."""
-        if not self.wholes:
-            return list(pairs)
         out: list[tuple[Any, Any]] = []
         for grad, var in pairs:
-            where = self.wholes.get(variable_key(var))
-            if where is None:
+            parts = shards_of(var)
+            if parts is None:
                 out.append((grad, var))
-                continue
-            first, rows = where
-            out.extend(zip(_split_rows(grad, rows), self.variables[first:first + len(rows)]))
+            else:
+                out.extend(zip(_split_rows(grad, [int(p.shape[0]) for p in parts]), parts))
         return out
 
     def grouped(self, names: dict[str, Any], owners: dict[str, int | None]) -> dict[str, Any]:
@@ -137,7 +132,6 @@ def expand(variables: Sequence[Any]) -> Shards:
     out: list[Any] = []
     out_stems: list[str] = []
     groups: list[tuple[str, list[int]]] = []
-    wholes: dict[Any, tuple[int, list[int]]] = {}
     for var, stem in zip(variables, stems):
         parts = shards_of(var)
         if parts is None:
@@ -149,11 +143,8 @@ def expand(variables: Sequence[Any]) -> Shards:
             setattr(shard, SHARD_PATH, path)
             out.append(shard)
             out_stems.append(f"{stem}.part_{k}")
-        where = (first, [int(s.shape[0]) for s in parts])
-        wholes[variable_key(var)] = where
-        wholes[variable_key(getattr(var, "_value", var))] = where
         groups.append((stem, list(range(first, len(out)))))
-    return Shards(variables=out, stems=out_stems, groups=groups, wholes=wholes)
+    return Shards(variables=out, stems=out_stems, groups=groups)
 
 
 def servers_choice(shards: Shards, *, strategy: Any, spec: Any, transforms: list[Any],

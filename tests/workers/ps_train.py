@@ -69,16 +69,20 @@ def single_process(args: argparse.Namespace) -> list[np.ndarray]:
     return values(model.trainable_variables)
 
 
-def make_step(model: keras.Model, pipe: gradpipe.Pipeline, on_workers: bool = True) -> Any:
+def make_step(model: keras.Model, pipe: gradpipe.Pipeline, on_workers: bool = True,
+              whole: bool = False) -> Any:
     """One step of the scaled loss, its gradients taken for the shards and applied;
-    returns whether it was applied. On the workers, inside ``strategy.run``."""
+    returns whether it was applied. On the workers, inside ``strategy.run``. With
+    ``whole``, each sharded variable's gradient is joined into one for the Keras
+    variable before it is applied (the pipeline splits it again)."""
     sources = gradpipe.distribute.gradient_sources(model.trainable_variables)
 
     def replica(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = pipe.scale_loss(loss_of(model, x, y))
         grads = tape.gradient(loss, sources)
-        return pipe.apply_gradients(zip(grads, sources))
+        pairs = joined(model, grads) if whole else list(zip(grads, sources))
+        return pipe.apply_gradients(pairs)
 
     return tf.function(lambda x, y: pipe.strategy.run(replica, args=(x, y)) if on_workers
                        else replica(x, y))
@@ -90,6 +94,24 @@ def cluster(args: argparse.Namespace) -> dict:
     resolver = gradpipe.distribute.local_cluster(workers=args.n_workers, ps=2)
     spec = resolver.cluster_spec().as_dict()
     return {"workers": spec["worker"], "ps": spec["ps"]}
+
+
+def joined(model: keras.Model, grads: list) -> list[tuple]:
+    """(gradient, Keras variable) pairs, the shards' gradients of each sharded
+    variable joined into one: rows concatenated, or their indices offset."""
+    pairs, grads = [], iter(grads)
+    for var in model.trainable_variables:
+        parts = gradpipe.distribute.shards_of(var) or [var]
+        mine = [next(grads) for _ in parts]
+        if len(parts) == 1:
+            pairs.append((mine[0], var))
+            continue
+        offsets = np.cumsum([0] + [int(p.shape[0]) for p in parts[:-1]])
+        pairs.append((tf.IndexedSlices(
+            tf.concat([g.values for g in mine], 0),
+            tf.concat([g.indices + int(o) for g, o in zip(mine, offsets)], 0),
+            tf.constant(list(var.shape), mine[0].indices.dtype)), var))
+    return pairs
 
 
 def distributed(args: argparse.Namespace, out: dict) -> list[np.ndarray]:
@@ -107,14 +129,16 @@ def distributed(args: argparse.Namespace, out: dict) -> list[np.ndarray]:
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
         model = make_model()
-    pipe.build(model.trainable_variables)
+    # a model's variables as Keras holds them, or the shards the tape is given
+    pipe.build(gradpipe.distribute.gradient_sources(model.trainable_variables)
+               if args.build_with_shards else model.trainable_variables)
     out["plan"] = str(pipe.plan)
     out["placement"] = pipe.placement.description if pipe.placement else ""
     out["shards"] = {v.path: len(gradpipe.distribute.shards_of(v) or [v])
                      for v in model.trainable_variables}
     out["colocated"] = colocation(pipe, model)
     before = {n: values([v])[0] for n, v in pipe.named_variables().items()}
-    step = make_step(model, pipe)
+    step = make_step(model, pipe, whole=args.whole_gradients)
 
     if args.scenario == "nonfinite":
         weights = values(model.trainable_variables)
@@ -293,6 +317,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--lazy", action="store_true")
     parser.add_argument("--own-strategy", action="store_true")
+    parser.add_argument("--build-with-shards", action="store_true")
+    parser.add_argument("--whole-gradients", action="store_true")
     parser.add_argument("--loss-scale", action="store_true")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--n-workers", type=int, default=1)
