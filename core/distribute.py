@@ -208,6 +208,27 @@ def split_cpu(count: int) -> None:
                 "op, or split the CPU yourself first") from None
 
 
+def start_servers(cluster: dict[str, list[str]], tasks: Sequence[tuple[str, int]]
+                  ) -> list[Any]:
+    """Start a TensorFlow server for each ``(job, index)`` of ``tasks`` in ``cluster``
+    (job -> addresses), in this process; they serve as long as it lives."""
+    import tensorflow as tf
+
+    # A server runs every worker's closures and every variable's reads and writes at
+    # once: with few cores (or several servers in one process) TensorFlow's default
+    # pool can leave them waiting on each other.
+    size = sum(len(addresses) for addresses in cluster.values())
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=size + 2)
+    spec = tf.train.ClusterSpec(cluster)
+    servers = [tf.distribute.Server(spec, job_name=job, task_index=index, protocol="grpc",
+                                    config=config, start=True) for job, index in tasks]
+    _SERVERS.extend(servers)
+    return servers
+
+
+_SERVERS: list[Any] = []  # a server stops when collected: keep them for the process
+
+
 def local_cluster(workers: int = 1, ps: int = 2) -> Any:
     """Start ``workers`` workers and ``ps`` parameter servers as real TensorFlow servers
     in this process, on free localhost ports; return their cluster resolver.
@@ -226,19 +247,11 @@ def local_cluster(workers: int = 1, ps: int = 2) -> Any:
             s.bind(("localhost", 0))
             return int(s.getsockname()[1])
 
-    cluster = tf.train.ClusterSpec({
-        "worker": [f"localhost:{free_port()}" for _ in range(workers)],
-        "ps": [f"localhost:{free_port()}" for _ in range(ps)]})
-    # Servers in one process share its cores: without enough inter-op threads each,
-    # a worker's closure and the servers' variable ops wait on each other.
-    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=workers + ps + 2)
-    _SERVERS.extend(tf.distribute.Server(cluster, job_name=job, task_index=i,
-                                         protocol="grpc", config=config, start=True)
-                    for job in ("worker", "ps") for i in range(cluster.num_tasks(job)))
-    return tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
-
-
-_SERVERS: list[Any] = []  # a server stops when collected: keep them for the process
+    cluster = {"worker": [f"localhost:{free_port()}" for _ in range(workers)],
+               "ps": [f"localhost:{free_port()}" for _ in range(ps)]}
+    start_servers(cluster, [(job, i) for job in cluster for i in range(len(cluster[job]))])
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster), rpc_layer="grpc")
 
 
 def weights_by_path(model: Any) -> Any:

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from .cli_args import pipeline_file
+from .distribute import start_servers
 from .errors import GradpipeError
 
 
@@ -80,15 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .run_command import import_tensorflow_quietly
 
     import_tensorflow_quietly()
-    import tensorflow as tf
-
-    # A server runs every worker's closures and every variable's reads and writes at
-    # once: with few cores TensorFlow's default pool can leave them waiting on each other.
-    size = sum(len(v) for v in cluster.values())
-    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=size + 2)
-    servers = [tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job,
-                                    task_index=index, protocol="grpc", config=config,
-                                    start=True) for job, index in tasks]
+    servers = start_servers(cluster, tasks)
     for job, index in tasks:
         print(f"serving {job} {index} at {cluster[job][index]}", flush=True)
     print("stop with Ctrl-C", flush=True)

@@ -52,19 +52,16 @@ class Shards:
 
     Attributes:
         variables: what the engine updates.
+        paths: what patterns match, each one's (a shard: its variable's path).
         stems: each one's name in state names (a shard: its variable's, ``.part_K``).
         groups: per sharded variable, its stem and its shards' indices (none where
             the pipeline was built from the shards themselves).
     """
 
     variables: list[Any]
+    paths: list[str]
     stems: list[str]
     groups: list[tuple[str, list[int]]]
-
-    @property
-    def paths(self) -> list[str]:
-        """What patterns match: a shard matches as its variable."""
-        return [variable_path(v) for v in self.variables]
 
     def split(self, pairs: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         """``pairs`` with each whole sharded variable's gradient split by its shards."""
@@ -128,23 +125,27 @@ class StepLock:
 
 def expand(variables: Sequence[Any]) -> Shards:
     """Each sharded variable in ``variables`` replaced by its shards."""
-    stems = unique_names([slot_name(variable_path(v)) for v in variables])
+    given = [variable_path(v) for v in variables]
+    stems = unique_names([slot_name(p) for p in given])
     out: list[Any] = []
+    paths: list[str] = []
     out_stems: list[str] = []
     groups: list[tuple[str, list[int]]] = []
-    for var, stem in zip(variables, stems):
+    for var, path, stem in zip(variables, given, stems):
         parts = shards_of(var)
         if parts is None:
             out.append(var)
+            paths.append(path)
             out_stems.append(stem)
             continue
-        first, path = len(out), variable_path(var)
+        first = len(out)
         for k, shard in enumerate(parts):
-            setattr(shard, SHARD_PATH, path)
+            setattr(shard, SHARD_PATH, path)  # a shard's own path reads as its variable's
             out.append(shard)
+            paths.append(path)
             out_stems.append(f"{stem}.part_{k}")
         groups.append((stem, list(range(first, len(out)))))
-    return Shards(variables=out, stems=out_stems, groups=groups)
+    return Shards(variables=out, paths=paths, stems=out_stems, groups=groups)
 
 
 def servers_choice(shards: Shards, *, strategy: Any, spec: Any, transforms: list[Any],

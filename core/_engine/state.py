@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from ..distribute import is_parameter_server
 from ..errors import GradpipeError
-from ..names import leaf_names, matched_layout, variable_path
+from ..names import leaf_names, matched_layout
 from ..spec import PipelineSpec
 from .packed import PACKED_PATH, PackedLayout, PackedVariables, SlotView
 from .shards import Shards, StepLock, tf_variable, variable_key
@@ -117,9 +117,7 @@ class StateStore(tf.Module):
         if self.built:
             return
         self._shards = _Untracked([shards])
-        variables = shards.variables
-        raw_paths = [variable_path(v) for v in variables]
-        paths = shards.stems
+        variables, raw_paths, paths = shards.variables, shards.paths, shards.stems
         self._index = {variable_key(v): i for i, v in enumerate(variables)}
         variables = [tf_variable(v) for v in variables]
         colocated = is_parameter_server(strategy)
