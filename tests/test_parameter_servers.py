@@ -248,10 +248,11 @@ def finish(process: subprocess.Popen) -> tuple[int, dict, str]:
 @pytest.mark.slow
 def test_a_killed_worker_is_replaced_and_training_finishes(tmp_path):
     """Two workers, one killed after the first checkpoint: the coordinator runs its
-    steps on the other, every one of the 200 exactly once, and the loss falls."""
+    steps on the other, every one of the 200 exactly once, and the loss falls as far
+    as one process's."""
     cluster = Cluster(workers=2, ps=2)
     try:
-        run = cluster.coordinator(str(tmp_path), "--pause", "1")
+        run = cluster.coordinator(str(tmp_path), "--pause", "1", "--lr", "0.01")
         assert run.stdout.readline().strip() == "saved 20"
         cluster.kill("worker", 1)
         code, out, err = finish(run)
@@ -259,7 +260,10 @@ def test_a_killed_worker_is_replaced_and_training_finishes(tmp_path):
         cluster.close()
     assert code == 0, err[-3000:]
     assert out["iterations"] == 200 and out["scalars"]["slots/1_adam/count"] == 200
-    assert out["loss"] < out["initial_loss"] / 2
+    # the first 20 steps ran on two workers, a gradient up to one step stale, so the
+    # weights differ from one process's; at lr 0.01 the loss ends beside its loss
+    # (measured 0.0063-0.0089 against 0.0068, from 0.84), at 0.05 it scatters 0.09-0.6
+    assert out["loss"] < 3 * out["single_process_loss"] < out["initial_loss"] / 10
 
 
 @pytest.mark.slow
