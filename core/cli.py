@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     variables.add_argument("--shapes", metavar="SHAPES",
                            help="plan for float32 variables of these shapes (implies "
                                 "--plan), e.g. 784x256,256,256x10,10; SHAPE*N is N "
-                                "variables of one shape: 800x500*50")
+                                "variables of one shape: 800x500*50; NAME=SHAPE names "
+                                "one for variables/exclude patterns: dense/bias=256")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("schedule", help="evaluate (and plot) the schedules of a file")
@@ -198,24 +199,33 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shapes(text: str) -> list[list[int]]:
+def _shapes(text: str) -> dict[str, list[int]]:
     """``784x256,256`` or ``800x500*50,500*50``: one shape per variable, where
-    ``SHAPE*N`` stands for N variables of that shape."""
-    shapes: list[list[int]] = []
+    ``SHAPE*N`` stands for N variables of that shape; ``NAME=SHAPE`` names the
+    variable (``NAME_0`` .. for ``NAME=SHAPE*N``) so that ``variables`` and
+    ``exclude`` patterns select as they would in the user's model."""
+    shapes: dict[str, list[int]] = {}
     try:
         for part in text.split(","):
-            shape, star, count = part.partition("*")
+            name, equals, shape = part.rpartition("=")
+            shape, star, count = shape.partition("*")
             dims = [int(d) for d in shape.split("x")]
             repeat = int(count) if star else 1
-            if repeat < 1:
-                raise ValueError(count)
-            shapes += [list(dims) for _ in range(repeat)]
+            if repeat < 1 or (equals and not name):
+                raise ValueError(part)
+            names = ([name] if repeat == 1 else [f"{name}_{i}" for i in range(repeat)]
+                     ) if name else [f"variable_{len(shapes) + i}" for i in range(repeat)]
+            for each in names:
+                if each in shapes:
+                    raise GradpipeError(f"--shapes {text!r}: {each!r} is named twice")
+                shapes[each] = dims
     except ValueError:
-        shapes = []
-    if not shapes or any(d <= 0 for s in shapes for d in s):
+        shapes = {}
+    if not shapes or any(d <= 0 for s in shapes.values() for d in s):
         raise GradpipeError(f"--shapes {text!r}: give variable shapes as dimensions "
                             "joined by x, separated by commas, SHAPE*N for N variables "
-                            "of one shape: 784x256,256,256x10,10 or 800x500*50,500*50")
+                            "of one shape, NAME=SHAPE to name one: 784x256,256,256x10,10 "
+                            "or 800x500*50,500*50 or dense/kernel=784x256,dense/bias=256")
     return shapes
 
 

@@ -50,9 +50,9 @@ def check_builds(spec: PipelineSpec, problem_spec: ComponentSpec) -> int:
 
 
 def plan_problem(spec: PipelineSpec, *, problem: str | None = None,
-                 shapes: list[list[int]] | None = None) -> str:
+                 shapes: dict[str, list[int]] | None = None) -> str:
     """The plan of the pipeline built for the problem's variables (or for float32
-    variables of ``shapes``), as ``pipe.plan`` prints it."""
+    variables of ``shapes``, by name), as ``pipe.plan`` prints it."""
     import tensorflow as tf
 
     from ._engine.pipeline import Pipeline
@@ -63,8 +63,8 @@ def plan_problem(spec: PipelineSpec, *, problem: str | None = None,
     else:
         pipe = Pipeline(spec)
         with pipe.strategy.scope():
-            variables = [tf.Variable(tf.zeros(s), name=f"variable_{i}")
-                         for i, s in enumerate(shapes)]
+            variables = [tf.Variable(tf.zeros(s), name=name)
+                         for name, s in shapes.items()]
         pipe.build(variables)
     sizes = [v.shape.num_elements() for v in variables]
     count = f"{len(variables)} variable{'' if len(variables) == 1 else 's'}"

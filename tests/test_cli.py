@@ -66,6 +66,28 @@ def test_check_shapes_repeat_a_shape_and_imply_plan():
     assert wrong.returncode == 1 and "SHAPE*N for N variables of one shape" in wrong.stderr
 
 
+def test_check_shapes_named_as_the_model_names_them_meet_the_patterns(write_toml):
+    """`NAME=SHAPE` gives the planned variable that path, so a file whose rules select
+    variables by pattern plans for them; unnamed, no rule selects `variable_0`."""
+    path = write_toml("""
+        [[transforms]]
+        kind = "adagrad"
+        variables = ["embedding"]
+
+        [[transforms]]
+        kind = "adam"
+        variables = ["dense"]
+    """)
+    named = gradpipe_cli("check", str(path), "--shapes",
+                         "embedding/embeddings=500x8,dense/kernel=8x1,dense/bias=1")
+    assert named.returncode == 0, named.stderr
+    assert named.stdout.startswith("plan for 3 variables, 4,009 parameters:\n")
+    unnamed = gradpipe_cli("check", str(path), "--shapes", "500x8,8x1,1")
+    assert unnamed.returncode == 1 and "variable_0" in unnamed.stderr
+    twice = gradpipe_cli("check", str(path), "--shapes", "dense=8*2,dense_1=8")
+    assert twice.returncode == 1 and "'dense_1' is named twice" in twice.stderr
+
+
 def test_check_errors_exit_1_and_list_all(write_toml):
     path = write_toml("""
         [[transforms]]
