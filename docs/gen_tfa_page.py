@@ -198,15 +198,20 @@ NOTES = {
         "TF Addons' step can be NaN). TF Addons' `weight_decay` is decoupled and "
         "scaled by the rate: a `weight_decay` table after the rule, with `learning_rate` "
         "the rule's; on a sparse gradient it decays every row where TF Addons decays "
-        "the touched ones. " + WARMUP_TOML + " " + SPARSE_HYBRID),
+        "the touched ones (`lazy = true` on both tables decays only those). "
+        + WARMUP_TOML + " " + SPARSE_HYBRID),
     "SGDW": "TF Addons' SGDW test passes (dense and sparse, float16 to float64). On a "
             "sparse gradient gradpipe decays every row, as for a dense one; TF Addons "
-            "decays only the touched rows (and, without momentum, none).",
+            "decays only the touched rows (and, without momentum, none). `sgd` without "
+            "momentum and `weight_decay` with `lazy = true` decay only the touched rows.",
     "AdamW": "TF Addons' AdamW test passes (dense and sparse, float16 to float64), "
              "within 1.7e-7 in float32. Keras's `AdamW` and gradpipe's `adamw` scale the "
              "decay by the learning rate; TF Addons' does not, which `adam` + "
              "`weight_decay` (its `learning_rate` 1.0) keeps. On a sparse gradient "
-             "gradpipe decays every row; TF Addons only the touched ones.",
+             "gradpipe decays every row; TF Addons only the touched ones. With "
+             "`lazy = true` in both tables (TF Addons' `LazyAdam` extended with the "
+             "decay) only the touched rows decay and move, as TF Addons does "
+             "(tested against its numpy reference, rtol 1e-6).",
     "Yogi": (
         "Approximate only. gradpipe's `yogi` is optax's: its first moment starts at "
         "`initial_accumulator_value` (TF Addons': at 0), and its `epsilon` is added "

@@ -17,26 +17,27 @@ import attrs
 from gradpipe.plugin import (
     Capabilities,
     Transform,
-    dense,
     hookimpl,
     hyper,
     hyperparameter,
     map_grads,
     no_state,
     non_negative,
-    value_of,
+    rowwise,
 )
 
 
-def plus_scaled_weights(values: list[Any], variables: list[Any], coefficient: Any) -> list[Any]:
-    """``value + coefficient * w`` for each non-None value (sparse values densified)."""
+def plus_scaled_weights(values: list[Any], variables: list[Any], coefficient: Any, *,
+                        lazy: bool = False) -> list[Any]:
+    """``value + coefficient * w`` for each non-None value: sparse values densified,
+    or with ``lazy`` kept as their rows, where only those rows of ``w`` are read."""
     import tensorflow as tf
 
-    def add(value: Any, var: Any) -> Any:
-        value = dense(value)
-        return value + tf.cast(coefficient, value.dtype) * value_of(var, value.dtype)
+    def add(value: Any, w: Any) -> Any:
+        return value + tf.cast(coefficient, value.dtype) * tf.cast(w, value.dtype), []
 
-    return map_grads(add, values, variables)
+    return map_grads(lambda value, var: rowwise(add, value, [], lazy=lazy, extra=[var])[0],
+                     values, variables)
 
 
 @attrs.frozen(kw_only=True)
@@ -70,21 +71,27 @@ class WeightDecayConfig:
         weight_decay: decay rate.
         learning_rate: multiplies the decay (Keras/AdamW: the update rule's
             learning rate, e.g. ``"@lr"``); 1.0 decays by ``weight_decay`` alone.
+        lazy: where the update is rows (a ``lazy`` rule's, for an embedding's
+            sparse gradient), decay only those rows, once each, as TF Addons'
+            decoupled decay does on a sparse gradient; otherwise every row is
+            decayed, as Keras's ``AdamW`` does, and the update becomes dense.
     """
 
     example: ClassVar[dict] = {"weight_decay": 0.01}
 
-
     weight_decay: Any = hyperparameter(validator=non_negative())
     learning_rate: Any = hyperparameter(default=1.0, validator=non_negative())
+    lazy: bool = False
 
 
 def weight_decay(cfg: WeightDecayConfig) -> Transform:
-    """Decoupled decay: ``update + weight_decay * learning_rate * w``."""
+    """Decoupled decay: ``update + weight_decay * learning_rate * w``.
+
+    With ``lazy``, an update of rows decays only those rows of ``w``."""
     rate, lr = hyper(cfg.weight_decay), hyper(cfg.learning_rate)
 
     def update(updates: list[Any], state: Any, variables: list[Any]) -> Any:
-        return plus_scaled_weights(updates, variables, rate() * lr()), state
+        return plus_scaled_weights(updates, variables, rate() * lr(), lazy=cfg.lazy), state
 
     return Transform(no_state, update)
 

@@ -30,10 +30,11 @@ every group's weights against the Keras class applied to that group alone.
 
 Where gradpipe does not do what TFA did, a test here pins gradpipe's behaviour and
 its comment gives TFA's numbers: a sparse gradient decays every row (TFA: only the
-rows it touches), ``variables`` and ``exclude`` intersect (TFA's ``decay_var_list``
-overrides ``exclude_from_weight_decay``), two rules that select one variable are
-applied in turn (TFA's ``MultiOptimizer`` adds both steps), and a variable that no
-rule selects must be listed in ``[pipeline] freeze``.
+rows it touches, which ``lazy = true`` gives after a lazy rule), ``variables`` and
+``exclude`` intersect (TFA's ``decay_var_list`` overrides
+``exclude_from_weight_decay``), two rules that select one variable are applied in
+turn (TFA's ``MultiOptimizer`` adds both steps), and a variable that no rule
+selects must be listed in ``[pipeline] freeze``.
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ def test_sparse_gradient_decays_every_row_unlike_tfa(rule):
     touches: here row 1 (never touched) stays 2.0 in TFA and is 2 * 0.99**3 = 1.940598
     after three steps in gradpipe. (TFA's SGDW with momentum = 0 decays no row at all
     for a sparse gradient: tf.keras's legacy SGD applies it without calling the
-    extension's _resource_apply_sparse.)"""
+    extension's _resource_apply_sparse.) `lazy = true` decays as TFA: tested below."""
     text = RULES[rule][0]
     sparse = tf.IndexedSlices(tf.constant([[0.1]]), tf.constant([0]), tf.constant([2, 1]))
     var_sparse, var_dense = tf.Variable([[1.0], [2.0]]), tf.Variable([[1.0], [2.0]])
@@ -254,6 +255,32 @@ def test_sparse_gradient_decays_every_row_unlike_tfa(rule):
         pipe_dense.apply_gradients([(tf.convert_to_tensor(sparse), var_dense)])
     assert_close(var_sparse.numpy(), var_dense.numpy(), rtol=0, atol=1e-7)
     assert var_sparse.numpy()[1, 0] == pytest.approx(2 * 0.99**3, rel=1e-6)
+
+
+def test_lazy_weight_decay_decays_only_the_touched_rows_as_tfa():
+    """`lazy = true` on both tables is TFA's extend_with_decoupled_weight_decay(LazyAdam)
+    on a sparse gradient: the touched row decays by `wd * w` once (rows [0, 0] of
+    0.05 each as row [0] of 0.1) and takes LazyAdam's step, TFA's numpy reference's
+    for that row (float32, rtol 1e-6); the untouched row is never read or written,
+    its moments stay 0, and the update stays rows (the plan says so)."""
+    table = tables(ADAMW_TOML, lazy=True)
+    table["transforms"][0]["lazy"] = True
+    repeated = tf.IndexedSlices(tf.constant([[0.05], [0.05]]), tf.constant([0, 0]),
+                                tf.constant([2, 1]))
+    var = tf.Variable([[1.0], [2.0]])
+    pipe = gradpipe.build(table)
+    pipe.build([var])
+    assert "by rows       yes: for every variable" in str(pipe.plan), pipe.plan
+    step = tf.function(lambda: pipe.apply_gradients([(repeated, var)]))
+    expected, slots = np.float64(1.0), {}
+    for _ in range(3):
+        step()
+        expected = adamw_reference(expected, 0.1, slots, weight_decay=WEIGHT_DECAY,
+                                   **RULES["adamw"][3])
+        assert var.numpy()[1, 0] == 2.0
+        np.testing.assert_allclose(var.numpy()[0, 0], expected, rtol=1e-6)
+    assert all(slot.numpy()[1, 0] == 0.0 for name, slot in
+               pipe.transform_state(0).items() if slot.shape.rank), pipe.named_variables()
 
 
 ANY_RULE = {  # gradpipe's rule, Keras 3's class with the same arguments
