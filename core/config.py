@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from .config_rules import Collector as _Collector
-from .config_rules import check_chain, check_lock, check_requirements
+from .config_rules import Link, check_chain, check_lock, check_requirements
 from .errors import ConfigError, PluginError, Problem, did_you_mean
 from .fields import (
     HYPER,
@@ -66,8 +66,8 @@ def parse_mapping(
     transforms = builder.component_list("transform", "transforms", data, required=True)
     convergence = builder.component_list("convergence", "convergence", data)
     tables = data.get("transforms")
-    check_chain(transforms, out, complete=isinstance(tables, list)
-                and len(tables) == len(transforms))
+    check_chain(builder.links, out, complete=isinstance(tables, list)
+                and len(tables) == len(builder.links))
     spec = None
     if not out.problems:
         spec = PipelineSpec(
@@ -96,6 +96,10 @@ class _SpecBuilder:
                     f"{_type_name(schedules)}")
         self.resolved: dict[str, ComponentSpec | None] = {}
         self.resolving: list[str] = []
+        # every transform whose kind is known, its config valid or not: the chain's
+        # order is judged from these, so a table with a bad value still gets told
+        # where it belongs, and a rule with a bad value still counts as a rule
+        self.links: list[Link] = []
 
     def plain(self, cls: type, table: Any, path: str) -> Any:
         if not isinstance(table, Mapping):
@@ -167,6 +171,9 @@ class _SpecBuilder:
         except PluginError as exc:
             self.out.add(f"{path}.kind", str(exc))
             return None
+        if kind == "transform":
+            self.links.append(Link(path=path, name=comp.name, dist=comp.provider.dist,
+                                   capabilities=comp.capabilities))
         extra: dict[str, Any] = {}
         params = {k: v for k, v in table.items() if k != "kind"}
         if kind == "transform":

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .capabilities import Capabilities
 from .entry_points import BUILTIN_DIST
 from .errors import Problem
 from .fields import type_name
-from .spec import ComponentSpec
 from .toml_source import line_for
 
 if TYPE_CHECKING:
@@ -47,14 +47,23 @@ _BUILTIN_ALTERNATIVES = {
 }
 
 
-def check_chain(transforms: list[ComponentSpec], out: Collector, complete: bool) -> None:
+class Link(NamedTuple):
+    """A transform table whose kind is known (its values may still be invalid)."""
+
+    path: str
+    name: str
+    dist: str
+    capabilities: Capabilities
+
+
+def check_chain(transforms: list[Link], out: Collector, complete: bool) -> None:
     """Rules between transforms, from the capabilities their plugins declared.
 
     ``conflicts = {name: reason}``: the transform cannot share a pipeline with
     ``name``. ``after_update_rule``: it must follow an ``update_rule``. And the
     chain needs an update rule at all. ``complete`` says every table of the
-    chain validated; a chain with one missing cannot be judged as a whole (the
-    missing one may be its rule).
+    chain has a known kind; a chain with one unknown cannot be judged as a whole
+    (the unknown one may be its rule).
     """
     names = {t.name: t for t in transforms}
     seen_update_rule = False
@@ -76,7 +85,7 @@ def check_chain(transforms: list[ComponentSpec], out: Collector, complete: bool)
         _no_update_rule(transforms, out)
 
 
-def _no_update_rule(transforms: list[ComponentSpec], out: Collector) -> None:
+def _no_update_rule(transforms: list[Link], out: Collector) -> None:
     # Without a rule the engine would subtract whatever the chain computes: a
     # clipped gradient at a rate of 1, no learning rate to set or report. Every
     # variable would be one no update rule selects, which the guide calls an error;

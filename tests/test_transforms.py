@@ -195,6 +195,24 @@ def test_weight_decay_must_follow_update_rule():
     assert "use 'l2'" in message  # what a user of the built-in may have meant
 
 
+@pytest.mark.parametrize("tables, others", [
+    ([{"kind": "swa", "start_averaging": -1, "bogus": 3}, {"kind": "adam"}],
+     ["transforms[0].start_averaging: must be >= 0", "transforms[0].bogus: unknown key"]),
+    ([{"kind": "swa"}, {"kind": "adam", "learning_rate": -1.0}],
+     ["transforms[1].learning_rate: must be >= 0"]),
+], ids=["its-own-values-invalid", "the-rule-after-it-invalid"])
+def test_chain_order_is_judged_beside_invalid_values(tables, others):
+    """A table with a bad value is still told where it belongs, and a rule with a bad
+    value still counts as the rule to move it below, in the same report."""
+    with pytest.raises(ConfigError) as raised:
+        gradpipe.parse({"transforms": tables})
+    message = str(raised.value)
+    assert "transforms[0].kind: 'swa' changes the step an update rule computed" in message
+    assert "move it below transforms[1] ('adam')" in message
+    assert all(other in message for other in others), message
+    assert len(raised.value.problems) == len(others) + 1
+
+
 def test_chain_order_error_is_worded_from_the_rule_broken():
     """A third party's after_update_rule: the rule and the fix, no advice about decay."""
     from conftest import register_transform
