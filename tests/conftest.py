@@ -36,13 +36,15 @@ def gradpipe_command(*args, env: dict[str, str] | None = None, cwd=None,
 
     Run in this process, where TensorFlow is imported already (a new process
     spends 7-9 s importing it here), for the commands whose output does not list
-    the registry: ``run``, ``schedule`` and ``check --plan``. Anything else, or a
-    given ``env`` (read at start-up), runs in a new process."""
+    the registry: ``run``, ``schedule`` and ``check --plan`` (or ``--shapes`` or
+    ``--problem``, which imply it). Anything else, or a given ``env`` (read at
+    start-up), runs in a new process."""
     import contextlib
     import io
 
     argv = [str(a) for a in args]
-    if env is not None or not (argv[0] in ("run", "schedule") or "--plan" in argv):
+    planned = {"--plan", "--shapes", "--problem"} & set(argv)
+    if env is not None or not (argv[0] in ("run", "schedule") or planned):
         return subprocess.run([sys.executable, "-m", "gradpipe.cli", *argv], cwd=cwd,
                               capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, **(env or {})})

@@ -78,17 +78,21 @@ ELEMENTS = st.sampled_from([0.0, 1e-30, 1.0, -3.0, 60.0, 1e10, 1e19, -1e19, -2e1
 def test_a_step_is_applied_exactly_when_its_outputs_are_finite(name, jit, state, grads):
     kind = _transform(name)
     var = tf.Variable(np.zeros(3, "f4"))
+    # the plain path bounds a step of 2**20 elements or more (a smaller one is checked,
+    # which costs no more there): a variable of zeros, whose gradient is 0, makes it one
+    padding = [] if jit else [tf.Variable(tf.zeros(1 << 20))]
     pipe = gradpipe.build({"transforms": [{"kind": kind}],
                            "pipeline": {"jit_compile": jit}})
-    pipe.build([var])
+    pipe.build([var, *padding])
     # rms takes the square root of its state, whose sign its norm does not tell: it is
     # bounded from the state's range (its least and largest element) instead
     held = "its state's range" if name == "rms" else "its state's norm"
     assert f"bounded: its traced maths, from its input's norm and {held}" in \
         pipe.plan.checks[0], pipe.plan
-    (slot,) = pipe.transform_state(0).values()
+    slot = next(iter(pipe.transform_state(0).values()))
     slot.assign(np.array(state, "f4"))
-    step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
+    step = tf.function(lambda g: pipe.apply_gradients(
+        [(g, var), *[(tf.zeros_like(p), p) for p in padding]]))
     reference = MATHS[name][1]
     m = np.array(state, "f4")
     with np.errstate(all="ignore"):
@@ -111,24 +115,27 @@ def test_a_state_too_large_for_its_bound_is_checked_instead(jit):
     """One element of 1.9e19: the state's sum of squares overflows, so its norm bounds
     nothing; the chain is then checked, finds every output finite and applies."""
     kind = _transform("ema")
-    var = tf.Variable(np.zeros(1000, "f4"))
+    n = 1000 if jit else 1 << 20  # bounded on the plain path from 2**20 elements
+    var = tf.Variable(np.zeros(n, "f4"))
     pipe = gradpipe.build({"transforms": [{"kind": kind}], "loss_scale": {"kind": "dynamic"},
                            "pipeline": {"jit_compile": jit}})
     pipe.build([var])
+    assert "bounded" in pipe.plan.checks[0], pipe.plan
     (slot,) = pipe.transform_state(0).values()
-    slot.assign(np.r_[np.float32(1.9e19), np.zeros(999, "f4")])
+    slot.assign(np.r_[np.float32(1.9e19), np.zeros(n - 1, "f4")])
     step = tf.function(lambda g: pipe.apply_gradients([(g * pipe.loss_scale, var)]))
-    assert bool(step(tf.ones(1000)))
+    assert bool(step(tf.ones(n)))
     assert int(pipe.skipped_steps) == 0
     np.testing.assert_allclose(slot.numpy()[:2], [0.9 * 1.9e19 + 1, 1.0], rtol=1e-6)
-    slot.assign(np.full(1000, 3e38, "f4"))  # 0.9 * 3e38 + 3e38 overflows: skipped
-    assert not bool(step(tf.fill([1000], 3e38)))
+    slot.assign(np.full(n, 3e38, "f4"))  # 0.9 * 3e38 + 3e38 overflows: skipped
+    assert not bool(step(tf.fill([n], 3e38)))
     assert slot.numpy()[0] == np.float32(3e38)
 
 
 def test_the_plan_names_what_leaves_a_transform_checked():
     """A transform that reads the model's variables (decoupled weight decay) or uses
-    an operation without a bound is checked, and the plan says why."""
+    an operation without a bound is checked, and the plan says why; so is any
+    transform of a small step that is not compiled."""
     def factory(cfg):
         def update(grads, state, variables):
             return [None if g is None else g + 0.01 * v for g, v in zip(grads, variables)], state
@@ -137,7 +144,13 @@ def test_the_plan_names_what_leaves_a_transform_checked():
 
     register_transform("bounds_decay", factory, capabilities=Capabilities(update_rule=True))
     var = tf.Variable(np.zeros([4, 4], "f4"))
-    pipe = gradpipe.build({"transforms": [{"kind": "bounds_decay"}]})
+    plain = gradpipe.build({"transforms": [{"kind": "bounds_decay"}]})
+    plain.build([tf.Variable(np.zeros([4, 4], "f4"))])
+    assert "checked: one sum over its updates and new state (the step is not compiled " \
+           "and its 16 elements are fewer than the 1,048,576 where a bound pays)" in \
+           str(plain.plan)
+    pipe = gradpipe.build({"transforms": [{"kind": "bounds_decay"}],
+                           "pipeline": {"jit_compile": True}})
     pipe.build([var])
     assert "checked: one sum over its updates and new state (its maths uses " \
            "`ReadVariableOp`, which has no bound here)" in str(pipe.plan)
@@ -177,6 +190,7 @@ def test_building_many_pipelines_warns_of_no_retracing(caplog):
     kind = _transform("ema")
     with caplog.at_level("WARNING", logger="tensorflow"):
         for _ in range(7):
-            pipe = gradpipe.build({"transforms": [{"kind": kind}]})
+            pipe = gradpipe.build({"transforms": [{"kind": kind}],
+                                   "pipeline": {"jit_compile": True}})
             pipe.build([tf.Variable(np.zeros(3, "f4"))])
     assert not [r for r in caplog.records if "retracing" in r.getMessage()]
