@@ -213,8 +213,12 @@ def _shapes(text: str) -> dict[str, list[int]]:
             repeat = int(count) if star else 1
             if repeat < 1 or (equals and not name):
                 raise ValueError(part)
-            names = ([name] if repeat == 1 else [f"{name}_{i}" for i in range(repeat)]
-                     ) if name else [f"variable_{len(shapes) + i}" for i in range(repeat)]
+            if not name:
+                names = [f"variable_{len(shapes) + i}" for i in range(repeat)]
+            elif repeat == 1:
+                names = [name]
+            else:
+                names = [f"{name}_{i}" for i in range(repeat)]
             for each in names:
                 if each in shapes:
                     raise GradpipeError(f"--shapes {text!r}: {each!r} is named twice")
