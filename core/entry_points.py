@@ -25,33 +25,36 @@ KIND_HOOKS: dict[str, str] = {
 HOOK_KINDS = {hook: kind for kind, hook in KIND_HOOKS.items()}
 
 
-def iter_entry_points(group: str) -> Iterator[tuple[Any, Any]]:
+def iter_entry_points(group: str) -> Iterator[tuple[Any, str, str]]:
+    """``(entry point, distribution name, version)`` for each entry of ``group``."""
     seen: set[tuple[str, str]] = set()
     found = []
     for dist in metadata.distributions():
-        for ep in dist.entry_points:
-            if ep.group != group:
-                continue
+        entries = [ep for ep in dist.entry_points if ep.group == group]
+        if not entries:
+            continue
+        # read once per distribution: parsing its metadata costs a millisecond
+        info = dist.metadata
+        name, version = info["Name"] or "", info["Version"] or ""
+        for ep in entries:
             # The same distribution may be visible twice on sys.path (editable
             # installs): load it once.
-            key = (dist.metadata["Name"] or "", ep.name)
-            if key in seen:
+            if (name, ep.name) in seen:
                 continue
-            seen.add(key)
-            found.append((ep, dist))
+            seen.add((name, ep.name))
+            found.append((name, ep, version))
     # Built-ins first, then third parties, each in name order: deterministic.
-    found.sort(key=lambda p: (p[1].metadata["Name"] != BUILTIN_DIST,
-                              p[1].metadata["Name"] or "", p[0].name))
-    yield from found
+    found.sort(key=lambda f: (f[0] != BUILTIN_DIST, f[0], f[1].name))
+    yield from ((ep, name, version) for name, ep, version in found)
 
 
 def component_index(group: str) -> dict[tuple[str, str], tuple[str, str]]:
     """``(kind, name) -> (distribution, module)`` from ``kind.name = module`` entries."""
     index: dict[tuple[str, str], tuple[str, str]] = {}
-    for ep, dist in iter_entry_points(group):
+    for ep, dist, _ in iter_entry_points(group):
         kind, _, name = ep.name.partition(".")
         if kind in KIND_HOOKS and name:
-            index[(kind, name)] = (dist.metadata["Name"] or "", ep.value)
+            index[(kind, name)] = (dist, ep.value)
     return index
 
 
@@ -61,8 +64,8 @@ def index_problems(group: str, dist: str, provided: set[tuple[str, str]]) -> lis
     (the plugin is imported eagerly instead) but costs every user the lazy load."""
     listed: set[tuple[str, str]] = set()
     problems = []
-    for ep, owner in iter_entry_points(group):
-        if (owner.metadata["Name"] or "") != dist:
+    for ep, owner, _ in iter_entry_points(group):
+        if owner != dist:
             continue
         kind, _, name = ep.name.partition(".")
         if kind not in KIND_HOOKS or not name:

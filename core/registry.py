@@ -62,10 +62,10 @@ class Registry:
         builtins_only = env_flag("GRADPIPE_DISABLE_PLUGIN_AUTOLOAD")
         allow = env_list("GRADPIPE_PLUGINS")
         block = env_list("GRADPIPE_DISABLED_PLUGINS") or set()
-        for ep, dist in iter_entry_points(group):
+        for ep, dist, version in iter_entry_points(group):
             provider = Provider(
-                dist=dist.metadata["Name"] or "?",
-                version=dist.version,
+                dist=dist or "?",
+                version=version,
                 entry_point=ep.name,
                 value=ep.value,
             )

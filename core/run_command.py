@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ._lean_import import without_keras_extras
 from .cli_args import SetOnce, pipeline_file_or_folder
 from .errors import GradpipeError
 
@@ -67,12 +68,16 @@ def add_run_parser(sub: Any) -> None:
 
 
 def import_tensorflow_quietly(spec: Any = None) -> None:
-    """Import TensorFlow and initialise its devices with stderr muted.
+    """Import TensorFlow and initialise its devices with stderr muted, without
+    the scikit-learn and pyplot imports Keras makes with it (``_lean_import``).
 
     TF's C++ start-up lines (oneDNN, CUDA probing) ignore TF_CPP_MIN_LOG_LEVEL
     and drown the CLI's own output. Set GRADPIPE_TF_LOGS=1 to see them.
     """
-    if "tensorflow" in sys.modules or os.environ.get("GRADPIPE_TF_LOGS") == "1":
+    if "tensorflow" in sys.modules:
+        return
+    if os.environ.get("GRADPIPE_TF_LOGS") == "1":
+        _import_tensorflow(spec)
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.stderr.flush()
@@ -80,19 +85,24 @@ def import_tensorflow_quietly(spec: Any = None) -> None:
     saved, devnull = os.dup(fd), os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
     try:
-        import tensorflow as tf
-
-        placement = getattr(getattr(spec, "placement", None), "config", None)
-        count = getattr(placement, "logical_cpus", 0)
-        if count:  # splitting the CPU must precede the runtime start
-            from .distribute import split_cpu
-
-            split_cpu(count)
-        tf.config.list_logical_devices()
+        _import_tensorflow(spec)
     finally:
         os.dup2(saved, fd)
         os.close(saved)
         os.close(devnull)
+
+
+def _import_tensorflow(spec: Any) -> None:
+    with without_keras_extras():
+        import tensorflow as tf
+
+    placement = getattr(getattr(spec, "placement", None), "config", None)
+    count = getattr(placement, "logical_cpus", 0)
+    if count:  # splitting the CPU must precede the runtime start
+        from .distribute import split_cpu
+
+        split_cpu(count)
+    tf.config.list_logical_devices()
 
 
 def _override(text: str) -> Any:

@@ -4,6 +4,7 @@ this process, where TensorFlow is imported already; the others in a new one)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -212,3 +213,25 @@ def test_schedule_csv_json_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     missing = gradpipe_cli("schedule", example, "--steps", "5", "--name", "lrr")
     assert missing.returncode == 1 and "did you mean 'lr'" in missing.stderr
+
+
+@pytest.mark.slow
+def test_the_cli_imports_tensorflow_without_kerass_optional_integrations():
+    """``import tensorflow`` imports Keras, which imports scikit-learn and pyplot when
+    they are installed (3 of the import's 8 s here): the command line skips those two
+    imports, and the ``digits`` problem (scikit-learn's data) still works."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "gradpipe.cli", "run",
+         str(ROOT / "examples" / "quickstart.toml"), "--problem", "digits", "--steps", "20",
+         "--json"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "GRADPIPE_TF_LOGS": "1"})  # stderr is not muted meanwhile
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 0.0 <= json.loads(result.stdout)["test_accuracy"] <= 1.0
+    # -X importtime prints a module once its import ends (or fails), nested ones first;
+    # sklearn.base and matplotlib.figure load only where their package's import succeeds
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:")]
+    before = imported[:imported.index("tensorflow")]
+    assert "keras.src" in before
+    assert "sklearn.base" not in before and "matplotlib.figure" not in before
+    assert "sklearn.base" in imported  # by the digits problem
