@@ -15,9 +15,13 @@ import time
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-import keras
 import numpy as np
-import tensorflow as tf
+
+from gradpipe._lean_import import without_keras_extras  # 3 s less to start, as the CLI
+
+with without_keras_extras():
+    import keras
+    import tensorflow as tf
 
 import gradpipe
 
