@@ -7,12 +7,16 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Builds remember their analyses here: one folder for this run's workers and the
+# processes they start (set before xdist starts its workers), none from earlier runs.
+os.environ.setdefault("GRADPIPE_CACHE_DIR", tempfile.mkdtemp(prefix="gradpipe-tests-"))
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGICAL_CPUS = 4

@@ -19,6 +19,7 @@ import tensorflow as tf
 from ..spec import PipelineSpec
 from ..tensors import all_finite
 from ..transform import BuildContext, build_scope
+from .answers import remembered
 from .bounds import Unbounded, bound_outputs, held_state, record_bounds, squared_bound, within_norm
 from .proofs import Prove
 from .step_ops import finite_outputs
@@ -122,33 +123,25 @@ def _bind(probe: Callable[..., Any], ranged: bool) -> Callable[[Any, Any], Any]:
 BY_NORM, BY_RANGE = "norm", "range"
 
 
-# how_bounded's answers in this process, by what makes a transform's maths: tracing
-# the bounds costs about a second for an adaptive rule, paid again by every pipeline
-# built with the same rule (tests, notebooks, a sweep) for the same answer
-_ANSWERS: dict[Any, str] = {}
-
-
-def maths_key(spec: PipelineSpec, i: int, transform: Any) -> Any:
-    """What transform ``i``'s maths depends on: its component and version, its config,
-    the schedules of the file (a field may name one) and the code of its update."""
+def maths_key(spec: PipelineSpec, i: int) -> tuple[Any, ...]:
+    """What transform ``i``'s maths depends on besides its code: its component and
+    version, its config and the schedules of the file (a field may name one)."""
     t = spec.transforms[i]
-    return (t.dist, t.version, t.name, repr(t.config), repr(spec.schedules),
-            getattr(transform.update, "__code__", transform.update))
+    return (t.dist, t.version, t.name, repr(t.config), repr(spec.schedules))
 
 
-def how_bounded(transform: Any, context: Any, key: Any) -> str:
+def how_bounded(transform: Any, context: Any, key: tuple[Any, ...]) -> str:
     """``BY_NORM`` or ``BY_RANGE`` where the engine bounds ``transform``'s maths, else
     why not: its update traced once for two small variables and run on ordinary
     values (unit gradients, a state of 0.5), its state held within its norm, and
     else within its range (its least and largest element, one more pass over it:
     what proves the square root of a running mean of squares, which the norm
     cannot). Where both fail even there, every step would be checked after all,
-    and the transform is checked from the start. The answer is found once per
-    process and ``key`` (``maths_key``). It only picks the guard's mode: each
-    step's bounds are traced from the step's own maths, and fall back to a check."""
-    if key not in _ANSWERS:
-        _ANSWERS[key] = _how_bounded(transform, context)
-    return _ANSWERS[key]
+    and the transform is checked from the start. The answer is found once for
+    ``key`` (``maths_key``) and the update's code, and remembered across processes
+    (``answers``). It only picks the guard's mode: each step's bounds are traced
+    from the step's own maths, and fall back to a check."""
+    return remembered(key, transform.update, lambda: _how_bounded(transform, context))
 
 
 def _how_bounded(transform: Any, context: Any) -> str:

@@ -241,8 +241,8 @@ class Pipeline(tf.Module):
                 getattr(self.placement, "clip_before_reduce", False)), servers=servers,
             elementwise_probe=lambda i: elementwise_mismatch(self._transforms[i],
                                                              self._context),
-            how_bounded=lambda i: how_bounded(self._transforms[i], self._context, maths_key(
-                self._spec, i, self._transforms[i])))
+            how_bounded=lambda i: how_bounded(self._transforms[i], self._context,
+                                              maths_key(self._spec, i)))
         self._state.build(shards, transforms=self._transforms, strategy=self.strategy,
                           masks=masks, frozen=frozen, pack=plan.pack.on)
         step = Step(spec=self._spec, transforms=self._transforms, kernel=self._kernel,

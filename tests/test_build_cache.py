@@ -1,0 +1,99 @@
+"""What a build remembers across processes: how each transform's maths is guarded.
+
+Finding out whether a transform's outputs are bounded from its state's norm, its
+range, or checked traces its maths (0.3 to 1 s for an adaptive rule); the answer
+is kept in the cache folder (``GRADPIPE_CACHE_DIR``), keyed by the maths and
+its source, and read back by the next process. The tests show the answer read
+back through the plan it decides, and asked again once the source changes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import gradpipe
+
+PLUGIN = """
+    import attrs
+    from gradpipe.plugin import Transform, hookimpl, zeros_like_vars
+
+    def ema_demo(config):
+        def update(grads, state, variables):
+            new = [0.9 * m + g for g, m in zip(grads, state)]
+            return new, new
+
+        return Transform(zeros_like_vars, update)
+
+    @hookimpl
+    def gradpipe_register_transforms(register):
+        register("ema_demo", ema_demo, attrs.frozen(kw_only=True)(type("C", (), {})))
+"""
+
+PLAN_LINE = """
+    import tensorflow as tf
+    import gradpipe
+
+    pipe = gradpipe.build({"pipeline": {"jit_compile": True},  # else small steps are checked
+                           "transforms": [{"kind": "ema_demo"},
+                                          {"kind": "sgd", "learning_rate": 0.1}]})
+    pipe.build([tf.Variable(tf.zeros([3]))])
+    print(next(line for line in str(pipe.plan).splitlines() if "ema_demo at" in line
+               and "bounded" in line))
+"""
+
+
+def _answers(folder):
+    (path,) = folder.glob("*.json")
+    return path, json.loads(path.read_text())
+
+
+@pytest.mark.slow
+def test_the_next_process_reads_the_answer_back_until_the_source_changes(fake_dists, tmp_path):
+    fake_dists.add("gradpipe-ema-demo", "0.1", {"ema_demo": "ema_demo_plugin"},
+                   {"ema_demo_plugin": PLUGIN})
+    cache = tmp_path / "cache"
+    env = {"GRADPIPE_CACHE_DIR": str(cache)}
+
+    def plan_line() -> str:
+        result = fake_dists.run(PLAN_LINE, env=env)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout
+
+    assert "from its input's norm and its state's norm" in plan_line()
+    path, answers = _answers(cache)
+    assert list(answers.values()) == ["norm"]
+    # an answer the analysis would not give, to see that the next process uses it
+    path.write_text(json.dumps(dict.fromkeys(answers, "range")))
+    assert "from its input's norm and its state's range" in plan_line()
+    module = fake_dists.root / "ema_demo_plugin.py"
+    module.write_text(module.read_text() + "# edited\n")
+    assert "from its input's norm and its state's norm" in plan_line()
+    assert sorted(_answers(cache)[1].values()) == ["norm", "range"]
+
+
+def _adagrad_plan(learning_rate: float) -> str:
+    import tensorflow as tf
+
+    # a learning rate no other test uses: this process has no answer for it yet
+    pipe = gradpipe.build({"pipeline": {"jit_compile": True},
+                           "transforms": [{"kind": "adagrad",
+                                           "learning_rate": learning_rate}]})
+    pipe.build([tf.Variable(tf.zeros([3]))])
+    return str(pipe.plan)
+
+
+def test_an_unreadable_cache_is_replaced(tmp_path, monkeypatch):
+    (tmp_path / "analyses-v1.json").write_text("{not json")
+    monkeypatch.setenv("GRADPIPE_CACHE_DIR", str(tmp_path))
+    assert "its state's range" in _adagrad_plan(0.0123)
+    assert list(_answers(tmp_path)[1].values()) == ["range"]
+
+
+def test_an_empty_cache_folder_keeps_nothing_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADPIPE_CACHE_DIR", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert "its state's range" in _adagrad_plan(0.0124)
+    assert not list(tmp_path.rglob("*"))
