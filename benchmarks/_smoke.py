@@ -23,7 +23,7 @@ from _plugin import installed_plugin
 RUNS = [("step", []), ("step", ["--small"]), ("step", ["--rule", "sgd", "--no-xla"]),
         ("fit", []), ("startup", []), ("memory", []), ("first_step", ["--models", "dense"]),
         ("rules", []), ("thirdparty", []), ("compare", []), ("catalog", []),
-        ("parameter_server", [])]
+        ("embedding_fit", []), ("parameter_server", [])]
 
 
 def run(name: str, extra: list[str]) -> str:

@@ -37,9 +37,18 @@ from typing import Any
 import tensorflow as tf
 
 _IN_MEMORY: dict[str, str] = {}
-_VERSIONS = [metadata.version("gradpipe"), tf.__version__, sys.version]
 _FILE = "analyses-v1.json"
 _KEPT = 4096  # answers kept on disk, the latest: a sweep over configs adds one each
+
+
+def _gradpipe_version() -> str:
+    try:
+        return metadata.version("gradpipe")
+    except metadata.PackageNotFoundError:  # run from a source tree: its files key it
+        return "?"
+
+
+_VERSIONS = [_gradpipe_version(), tf.__version__, sys.version]
 
 
 def remembered(parts: tuple[Any, ...], code: Any, compute: Callable[[], str]) -> str:
