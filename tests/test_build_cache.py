@@ -19,9 +19,11 @@ PLUGIN = """
     import attrs
     from gradpipe.plugin import Transform, hookimpl, zeros_like_vars
 
-    def ema_demo(config):
+    def ema_demo(config, config_name="ema"):
         def update(grads, state, variables):
-            new = [0.9 * m + g for g, m in zip(grads, state)]
+            # a set literal: its order in the code changes with each process's hashing
+            decay = 0.9 if config_name in {"ema", "momentum", "average", "trace"} else 0.5
+            new = [decay * m + g for g, m in zip(grads, state)]
             return new, new
 
         return Transform(zeros_like_vars, update)

@@ -131,10 +131,17 @@ def _functions_reached(code: Any) -> list[types.FunctionType]:
 
 def _code_text(code: types.CodeType) -> str:
     """What ``code`` does, the same in every process (a code object's repr holds its
-    address)."""
-    consts = [_code_text(c) if isinstance(c, types.CodeType) else repr(c)
-              for c in code.co_consts]
-    return json.dumps([code.co_code.hex(), consts, code.co_names])
+    address; a set literal's, an order that string hashing changes per process)."""
+    return json.dumps([code.co_code.hex(), [_constant_text(c) for c in code.co_consts],
+                       code.co_names])
+
+
+def _constant_text(constant: Any) -> str:
+    if isinstance(constant, types.CodeType):
+        return _code_text(constant)
+    if isinstance(constant, frozenset):
+        return "frozenset" + json.dumps(sorted(map(_constant_text, constant)))
+    return repr(constant)
 
 
 def _filled(cell: Any) -> bool:
