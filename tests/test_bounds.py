@@ -24,7 +24,7 @@ from gradpipe.plugin import Capabilities, Transform, zeros_like_vars
 
 # Each: (the update and new state in TF, the same in float32 numpy); state ``m`` per
 # variable. Together they use every kind of rule the bounds have: sums, products,
-# divisions, roots, logs, exponentials, scalars computed from the tensors.
+# divisions, roots, powers, logs, exponentials, scalars computed from the tensors.
 MATHS = {
     "ema": (lambda g, m: (0.9 * m + g, 0.9 * m + g),
             lambda g, m: (np.float32(0.9) * m + g,) * 2),
@@ -42,6 +42,8 @@ MATHS = {
                    lambda g, m: ((m - g) * np.float32(1e20), m - g)),
     "exp": (lambda g, m: (tf.exp(tf.clip_by_value(g, -50.0, m)), m - g),
             lambda g, m: (np.exp(np.minimum(np.maximum(g, np.float32(-50)), m)), m - g)),
+    "power": (lambda g, m: (g / tf.pow(tf.square(m) + 1.0, 0.5), m + g ** 2),
+              lambda g, m: (g / np.power(m * m + np.float32(1), np.float32(0.5)), m + g * g)),
 }
 
 
@@ -132,28 +134,61 @@ def test_a_state_too_large_for_its_bound_is_checked_instead(jit):
     assert slot.numpy()[0] == np.float32(3e38)
 
 
-def test_the_plan_names_what_leaves_a_transform_checked():
-    """A transform that reads the model's variables (decoupled weight decay) or uses
-    an operation without a bound is checked, and the plan says why; so is any
-    transform of a small step that is not compiled."""
+def _decay_transform(kind: str, maths):
+    """Transform ``kind``: the update ``maths(g, v)`` of each gradient and its variable."""
     def factory(cfg):
         def update(grads, state, variables):
-            return [None if g is None else g + 0.01 * v for g, v in zip(grads, variables)], state
+            return [None if g is None else maths(g, v) for g, v in zip(grads, variables)], state
 
         return Transform(lambda variables: (), update)
 
-    register_transform("bounds_decay", factory, capabilities=Capabilities(update_rule=True))
+    register_transform(kind, factory, capabilities=Capabilities(update_rule=True))
+    return kind
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_a_weight_the_maths_reads_is_bounded_by_its_norm(jit):
+    """Decoupled weight decay reads the model's variables: their norm bounds them, so
+    the transform is bounded, not checked; an update that would overflow from one
+    large weight is skipped whole, on every variable, and a weight too large for its
+    bound whose update is finite is checked and applied."""
+    kind = _decay_transform("bounds_weight_decay", lambda g, v: g + 0.5 * v)
+    n = 1000 if jit else 1 << 20  # bounded on the plain path from 2**20 elements
+    variables = [tf.Variable(np.linspace(-2, 2, n, dtype="f4") * k) for k in (1, 2, 3)]
+    pipe = gradpipe.build({"transforms": [{"kind": kind}], "pipeline": {"jit_compile": jit}})
+    pipe.build(variables)
+    assert "bounded: its traced maths" in pipe.plan.checks[0], pipe.plan
+    step = tf.function(lambda g: pipe.apply_gradients([(g, v) for v in variables]))
+    before = [v.numpy() for v in variables]
+    assert bool(step(tf.ones(n)))
+    for v, old in zip(variables, before):
+        np.testing.assert_allclose(v.numpy(), old - (1 + np.float32(0.5) * old), rtol=1e-6)
+    big = np.r_[np.float32(3e38), np.zeros(n - 1, "f4")]
+    variables[1].assign(big)
+    before = [v.numpy() for v in variables]
+    assert not bool(step(tf.constant(big)))  # 3e38 + 1.5e38 overflows: nothing written
+    for v, old in zip(variables, before):
+        np.testing.assert_array_equal(v.numpy(), old)
+    assert bool(step(tf.zeros(n)))  # 3e38 - 1.5e38: beyond the bound, checked, applied
+    np.testing.assert_allclose(variables[1].numpy()[:2], [1.5e38, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(variables[0].numpy(), before[0] * np.float32(0.5), rtol=1e-6)
+
+
+def test_the_plan_names_what_leaves_a_transform_checked():
+    """A transform that uses an operation without a bound (a running sum) is
+    checked, and the plan says why; so is any transform of a small step that is
+    not compiled."""
+    kind = _decay_transform("bounds_cumsum", lambda g, v: g + 0.01 * tf.math.cumsum(v))
     var = tf.Variable(np.zeros([4, 4], "f4"))
-    plain = gradpipe.build({"transforms": [{"kind": "bounds_decay"}]})
+    plain = gradpipe.build({"transforms": [{"kind": kind}]})
     plain.build([tf.Variable(np.zeros([4, 4], "f4"))])
     assert "checked: one sum over its updates and new state (the step is not compiled " \
            "and its 16 elements are fewer than the 1,048,576 where a bound pays)" in \
            str(plain.plan)
-    pipe = gradpipe.build({"transforms": [{"kind": "bounds_decay"}],
-                           "pipeline": {"jit_compile": True}})
+    pipe = gradpipe.build({"transforms": [{"kind": kind}], "pipeline": {"jit_compile": True}})
     pipe.build([var])
     assert "checked: one sum over its updates and new state (its maths uses " \
-           "`ReadVariableOp`, which has no bound here)" in str(pipe.plan)
+           "`Cumsum`, which has no bound here)" in str(pipe.plan)
     grads = tf.constant(np.full([4, 4], 2.0, "f4"))
     assert bool(tf.function(lambda: pipe.apply_gradients([(grads, var)]))())
     np.testing.assert_array_equal(var.numpy(), np.full([4, 4], -2.0))
@@ -163,17 +198,12 @@ def test_the_plan_names_what_leaves_a_transform_checked():
 def test_a_checked_product_that_overflows_is_skipped(jit):
     """A checked transform whose update is a finite value times a constant that
     overflows: XLA folds ``(y * c) * 0`` into ``y * 0``, so a check by ``x * 0``
-    missed the inf (it wrote inf into the weights until this test)."""
-    def factory(cfg):
-        def update(grads, state, variables):
-            return [None if g is None else (g + 0.0 * v) * 1e30
-                    for g, v in zip(grads, variables)], state
-
-        return Transform(lambda variables: (), update)
-
-    register_transform("bounds_overflow", factory, capabilities=Capabilities(update_rule=True))
+    missed the inf (it wrote inf into the weights until this test). (A running sum
+    of the weight has no bound: the transform is checked.)"""
+    kind = _decay_transform("bounds_overflow",
+                            lambda g, v: (g + 0.0 * tf.math.cumsum(v)) * 1e30)
     var = tf.Variable(np.zeros([64], "f4"))
-    pipe = gradpipe.build({"transforms": [{"kind": "bounds_overflow"}],
+    pipe = gradpipe.build({"transforms": [{"kind": kind}],
                            "pipeline": {"jit_compile": jit}})
     pipe.build([var])
     assert "checked" in pipe.plan.checks[0]

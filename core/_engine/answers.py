@@ -12,7 +12,7 @@ An answer only picks how a step is guarded: each step's bounds are still
 traced from that step's own maths and fall back to a check, so a wrong answer
 could cost speed, never a guarantee. Answers are keyed by the transform's
 component, version and config, by the versions of gradpipe, TensorFlow and
-Python, and by the source files (their sizes and modification times) of
+Python and the analysis's own code, and by the source files (their sizes and modification times) of
 every package outside site-packages whose code the transform's update
 reaches through its closures (a plugin or gradpipe installed editable, a
 script): editing the maths asks again. A file that cannot be read or written is
@@ -48,7 +48,17 @@ def _gradpipe_version() -> str:
         return "?"
 
 
-_VERSIONS = [_gradpipe_version(), tf.__version__, sys.version]
+def _analysis_code() -> str:
+    """A digest of the analysis's own modules: an answer found by other bounds is
+    found again, even where gradpipe's version is unchanged (a source checkout)."""
+    digest = hashlib.sha256()
+    for name in ("guard.py", "bounds.py", "intervals.py"):
+        with contextlib.suppress(OSError):
+            digest.update((Path(__file__).parent / name).read_bytes())
+    return digest.hexdigest()
+
+
+_VERSIONS = [_gradpipe_version(), tf.__version__, sys.version, _analysis_code()]
 
 
 def remembered(parts: tuple[Any, ...], code: Any, compute: Callable[[], str]) -> str:

@@ -20,7 +20,8 @@ from ..spec import PipelineSpec
 from ..tensors import all_finite
 from ..transform import BuildContext, build_scope
 from .answers import remembered
-from .bounds import Unbounded, bound_outputs, held_state, record_bounds, squared_bound, within_norm
+from .bounds import bound_outputs, held_state, record_bounds, squared_bound
+from .intervals import Unbounded, within_norm
 from .proofs import Prove
 from .step_ops import finite_outputs
 
@@ -133,20 +134,22 @@ def maths_key(spec: PipelineSpec, i: int) -> tuple[Any, ...]:
 def how_bounded(transform: Any, context: Any, key: tuple[Any, ...]) -> str:
     """``BY_NORM`` or ``BY_RANGE`` where the engine bounds ``transform``'s maths, else
     why not: its update traced once for two small variables and run on ordinary
-    values (unit gradients, a state of 0.5), its state held within its norm, and
-    else within its range (its least and largest element, one more pass over it:
-    what proves the square root of a running mean of squares, which the norm
-    cannot). Where both fail even there, every step would be checked after all,
-    and the transform is checked from the start. The answer is found once for
-    ``key`` (``maths_key``) and the update's code, and remembered across processes
-    (``answers``). It only picks the guard's mode: each step's bounds are traced
-    from the step's own maths, and fall back to a check."""
+    values (unit gradients, a state of 0.5, weights from -0.5 to 0.5), its state
+    held within its norm, and else within its range (its least and largest
+    element, one more pass over it: what proves the square root of a running
+    mean of squares, which the norm cannot). Where both fail even there, every
+    step would be checked after all, and the transform is checked from the start.
+    The answer is found once for ``key`` (``maths_key``) and the update's code, and
+    remembered across processes (``answers``). It only picks the guard's mode:
+    each step's bounds are traced from the step's own maths, and fall back to a
+    check."""
     return remembered(key, transform.update, lambda: _how_bounded(transform, context))
 
 
 def _how_bounded(transform: Any, context: Any) -> str:
-    variables = [tf.Variable(tf.zeros([3]), name="probe/bias"),
-                 tf.Variable(tf.zeros([2, 3]), name="probe/kernel")]
+    # weights of either sign, as trained ones are (a rule may read them)
+    variables = [tf.Variable(tf.linspace(-0.5, 0.5, 3), name="probe/bias"),
+                 tf.Variable(tf.reshape(tf.linspace(-0.5, 0.5, 6), [2, 3]), name="probe/kernel")]
     found: list[str] = []
 
     def probe(grads: list[Any], state: Any, ranged: bool = False) -> Any:

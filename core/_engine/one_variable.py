@@ -12,7 +12,8 @@ from typing import Any
 import tensorflow as tf
 
 from ..errors import GradpipeError
-from .bounds import Interval, record_state
+from .bounds import record_state
+from .intervals import Interval
 from .step_ops import exactly_one_after
 
 

@@ -15,8 +15,9 @@ The guarantees are the whole step's: the gradients' finite flag and every
 variable's guard scalars (its proofs, bounds or checks, from a function of its
 own that writes nothing) are known before the first write, and the writes run
 under one conditional, so a skipped step writes nothing. A guard function
-that reads nothing of its variable (a proof from the gradients' norm) runs
-once per distinct function, not once per variable.
+that reads nothing of its variable (a proof from the gradients' norm, a bound
+from the norms or ranges of its group's state and weights, read in the step)
+runs once per distinct function, not once per variable.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ import tensorflow as tf
 from ..errors import GradpipeError
 from ..names import scope_name, variable_path
 from ..tensors import all_finite
-from ..transform import build_scope, squared_norm
-from .bounds import held_state, state_range
+from ..transform import build_scope, squared_norm, sum_of_squares
+from .bounds import held_state
+from .intervals import Interval, state_range, within_norm
 from .one_variable import OneVariableState, one_variable_structure
 from .plan import Choice, Plan, uncompiled
 from .separable import per_variable_blocker, probe_transform, variables_read
@@ -82,6 +84,7 @@ class PerVariable:
         self._apply: list[Any] = []
         self._guards: list[_Guard] = []
         self._state_bounds = False  # whether a guard bounds a transform's state
+        self._weight_bounds = False  # whether a guard bounds a weight its maths reads
 
     # -- build ----------------------------------------------------------------
 
@@ -120,7 +123,7 @@ class PerVariable:
         per step, which costs no compile; else compiled, one call per variable."""
         var, own = self._step.state.variables[j], self._own[j]
         scalar = tf.TensorSpec([], tf.float32)
-        args = (spec, var, own, shared, scalar, self._interval_specs(j, scalar))
+        args = (spec, var, own, shared, scalar, self._interval_specs(j, scalar), [scalar] * 2)
         body = functools.partial(self._guard_body, self._layouts[j])
         function = tf.function(body, autograph=False)
         concrete = function.get_concrete_function(*args)
@@ -130,7 +133,9 @@ class PerVariable:
             t.ref(): 0 for t in inputs[:2 + sum(len(leaves) for leaves in own)]}))
         bounds_at = 2 + sum(len(leaves) for leaves in own) + sum(map(len, shared)) + 1
         pairs = sum(len(owned) for _, owned in self._layouts[j])
-        self._state_bounds |= any(t.consumers() for t in inputs[bounds_at:bounds_at + 2 * pairs])
+        weight_at = bounds_at + 2 * pairs
+        self._state_bounds |= any(t.consumers() for t in inputs[bounds_at:weight_at])
+        self._weight_bounds |= any(t.consumers() for t in inputs[weight_at:weight_at + 2])
         if per_variable:  # traced again, compiled: it reads each variable's tensors
             function = tf.function(body, jit_compile=True, autograph=False)
             function.get_concrete_function(*args)
@@ -177,7 +182,7 @@ class PerVariable:
             if self._guards and self._guards[j].per_variable:
                 found[id(self._guards[j])] = (self._guards[j].function, (
                     g, variables[j], self._own[j], shared, tf.constant(0.0),
-                    self._interval_specs(j, tf.constant(0.0))))
+                    self._interval_specs(j, tf.constant(0.0)), [tf.constant(0.0)] * 2))
         return list(found.values())
 
     # -- the traced bodies ------------------------------------------------------
@@ -210,13 +215,17 @@ class PerVariable:
                 tf.constant(True)]
 
     def _guard_body(self, layouts: Any, g: Any, var: Any, own: Any, shared: Any,
-                    bound: Any, state_bounds: Any) -> Any:
+                    bound: Any, state_bounds: Any, weight_bound: Any) -> Any:
         """Whether the chain's outputs for ``g`` are finite, from its proofs, bounds and
         checks: the gradient's elements lie within ``bound`` (the root of the step's
-        sum of squares), each transform's state within its ``state_bounds`` interval."""
+        sum of squares), each transform's state within its ``state_bounds`` interval,
+        the variable's within ``weight_bound`` (where the maths reads it: then the
+        guard reads nothing of the variable, and runs once for its group)."""
         view = OneVariableState(var, layouts, own, shared, bounds=state_bounds)
         with self._fresh_scope() as known:
             known["bounds"] = {id(g): (g, bound)}
+            handle = tf.compat.v1.get_default_graph().capture(var.handle)
+            known["weights"] = {handle.ref(): Interval(*weight_bound)}
             return all_finite(self._step.run_chain([g], guard=True, store=view)[2])
 
     def _recheck_body(self, layouts: Any, g: Any, var: Any, own: Any, shared: Any) -> Any:
@@ -263,10 +272,12 @@ class PerVariable:
         results = []
         for first, members in groups.items():
             held = self._held(first, members, shared)
+            weights = (list(within_norm(sum_of_squares([variables[j] for j in members])))
+                       if self._weight_bounds else [tf.constant(0.0)] * 2)
             guard = self._guards[first]
             for j in members if guard.per_variable else members[:1]:
                 results.append(guard.function(grads[j], variables[j], self._own[j], shared,
-                                              bound, held))
+                                              bound, held, weights))
         ok = all_finite(results)
         rechecked = [j for j in present if self._guards[j].recheck is not None]
         if not rechecked:
