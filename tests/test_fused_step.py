@@ -79,8 +79,12 @@ SGD = {"transforms": [{"kind": "sgd", "learning_rate": 0.1, "momentum": 0.9}]}
 def test_auto_compiles_few_variables_that_are_not_small():
     assert _decides(CLIP_ADAM, LARGE)
     assert not _decides(CLIP_ADAM, SHAPES)  # tiny: nothing to fuse that pays
-    # sgd and adam update in place on the plain path: XLA pays on larger variables only
-    assert _decides(SGD, LARGE) and not _decides(SGD, MLP)
+    # sgd and adam update in place on the plain path: XLA pays on larger variables only,
+    # and never for sgd alone, one op a variable (test_per_variable)
+    clip_sgd = {"transforms": [{"kind": "clip_by_global_norm", "clip_norm": 1.0},
+                               *SGD["transforms"]]}
+    assert _decides(clip_sgd, LARGE) and not _decides(clip_sgd, MLP)
+    assert not _decides(SGD, LARGE)
     assert not _decides(CLIP_ADAM, MLP)
     assert _decides(_with(CLIP_ADAM, check_updates=False), LARGE)
     many = [(16_384,)] * 129  # more than the 128 XLA compiles one by one

@@ -167,3 +167,25 @@ def test_the_plan_never_says_yes_to_xla_and_to_the_uncompiled_kernel(capsys):
                            "pipeline": {"jit_compile": False}})
     pipe.build([tf.Variable(tf.zeros([400, 100]))])
     assert str(pipe.plan.in_place).startswith("yes: the last rule's fused kernel"), pipe.plan
+
+
+def test_auto_keeps_sgd_alone_on_its_one_op_kernel():
+    """sgd's in-place kernel reads and writes each variable in one op, one pass
+    already: "auto" runs it rather than compile sgd alone, but compiles sgd after
+    clipping (which XLA fuses into the update) and adam (six kernels a variable)."""
+    variables = [tf.Variable(tf.zeros([20_000])) for _ in range(3)]
+    grads = [tf.ones([20_000]) for _ in variables]
+
+    def built(*transforms):
+        pipe = gradpipe.build({"transforms": list(transforms)})
+        pipe.build(variables)
+        return pipe
+
+    sgd = {"kind": "sgd", "learning_rate": 0.1, "momentum": 0.9}
+    alone = built(sgd)
+    assert str(alone.plan).splitlines()[0] == (
+        'XLA           no: "auto": sgd alone updates each variable in one fused kernel, '
+        "which XLA does not beat"), alone.plan
+    assert alone.path(zip(grads, variables)) == "in place"
+    assert built({"kind": "clip_by_global_norm", "clip_norm": 1.0}, sgd).plan.compile.on
+    assert built({"kind": "adam"}).plan.compile.on

@@ -40,7 +40,7 @@ from .one_variable import OneVariableState, one_variable_structure
 from .plan import Choice, Plan, uncompiled
 from .separable import per_variable_blocker, probe_transform, variables_read
 from .writes import assign
-from .xla_trial import compiled_or_why_not, random_draws
+from .xla_trial import compiled_or_why_not, one_kernel_alone, random_draws
 
 
 class _Guard(NamedTuple):
@@ -302,6 +302,9 @@ def compile_choices(plan: Plan, step: Any, transforms: list[Any], context: Any, 
     separable (each distinct function traced now, once), else one function for
     all; and, under "auto", whether XLA compiles what the step would run."""
     spec = step.spec
+    if spec.options.jit_compile == "auto" and one_kernel_alone(step, plan):
+        return uncompiled(plan, f'"auto": {spec.transforms[-1].name} alone updates each '
+                                "variable in one fused kernel, which XLA does not beat")
     names = {scope_name(i, t.name): t.name for i, t in enumerate(spec.transforms)}
     probes: dict[int, tuple[str, bool]] = {}
 

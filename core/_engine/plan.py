@@ -31,7 +31,8 @@ from .summaries import writer_may_record
 # fuses the chain's element-wise passes, so clipping + Adam's functional update over
 # 64 variables of 1-10k floats is 0.82x the plain step's time. A rule with an in-place
 # kernel (sgd, adam) makes fewer passes on the plain path already: there XLA pays
-# only on larger variables (sgd compiled 1.04x at 1-10k floats, 0.75x at 400k; adam's
+# only on larger variables (sgd compiled 1.04x at 1-10k floats; sgd alone, one kernel
+# a variable, is never compiled: xla_trial.one_kernel_alone; adam's
 # six fused kernels, in model.fit against Keras: compiled 1.02x and in place 0.95x to
 # 1.00x at a mean of 12.8k elements, compiled 0.82x to 0.84x and in place 0.91x at
 # 44.9k; 0.71x of the in-place step's time compiled at 400k).
@@ -291,6 +292,11 @@ _KERNEL_IDLE = Choice(False, "the step is compiled (the last rule's fused kernel
                              "serve it where it is not)")
 _KERNEL_ON = Choice(True, "the last rule's fused kernel, where the step is not compiled "
                           "and the fused paths are open")
+
+
+def kernel_idle(plan: Plan) -> bool:
+    """Whether the last rule's fused kernel would serve the step were it not compiled."""
+    return plan.in_place is _KERNEL_IDLE
 
 
 def uncompiled(plan: Plan, why: str) -> Plan:
