@@ -12,11 +12,11 @@ An answer only picks how a step is guarded: each step's bounds are still
 traced from that step's own maths and fall back to a check, so a wrong answer
 could cost speed, never a guarantee. Answers are keyed by the transform's
 component, version and config, by the versions of gradpipe, TensorFlow and
-Python and the analysis's own code, and by the source files (their sizes and modification times) of
-every package outside site-packages whose code the transform's update
-reaches through its closures (a plugin or gradpipe installed editable, a
-script): editing the maths asks again. A file that cannot be read or written is
-ignored.
+Python and the analysis's own code, and by the source files (their sizes and
+modification times) of every package outside site-packages whose code the
+transform's update reaches through its closures (a plugin or gradpipe
+installed editable, a script): editing the maths asks again. A file that
+cannot be read or written is ignored.
 """
 
 from __future__ import annotations
