@@ -300,6 +300,23 @@ def test_getting_started_comparison_is_what_the_command_prints():
     assert (ROOT / "docs" / "img" / "compare_digits.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_comparison_check_allows_the_seeds_spread_and_nothing_else():
+    """Another CPU type gives other last bits, which 600 steps carry into the means:
+    the check takes a mean within twice the spread, but no other change."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        from gen_comparison import agrees
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    shown = ("   quickstart   600   0.02948 ± 0.011   0.9573 ± 0.021   0   252\n"
+             "*  openseq2seq  600   0.00899 ± 0.0023  0.9721 ± 0.0084  0   126")
+    other_cpu = shown.replace("0.02948 ± 0.011", "0.01613 ± 0.013").replace("252", "815")
+    assert agrees(shown, other_cpu)
+    for changed in ("0.00899 ± 0.0023", "0.01613 ± 0.0023"), ("  0   252", "  1   252"), \
+                   ("600   0.00899", "500   0.00899"), ("*  openseq2seq", "   openseq2seq"):
+        assert not agrees(shown, shown.replace(*changed)), changed
+
+
 @pytest.mark.slow
 def test_coming_from_keras_page_is_generated_from_the_registry_and_from_keras():
     """Every Keras optimizer, schedule and optimizer argument, mapped by running the
