@@ -252,8 +252,7 @@ class Step:
         the chain's scalars, before the first assignment."""
         blocked = compiling or fusion_blocker(grads, self._replicas)
         if not compiling and self._per_variable_usable(blocked):
-            return self.per_variable.update(grads, finite, self._reject,
-                                            self.counters.iterations)
+            return self.per_variable.update(grads, finite, self.counters)
         if self.plan.in_place.on and not blocked:
             return self._update_in_place(grads, finite)
         updates, new_states, required = self.run_chain(grads, skip=self._pre_reduce,
