@@ -83,6 +83,35 @@ def test_a_skipped_step_writes_nothing():
     assert int(pipe.skipped_steps) == 1 and int(pipe.iterations) == 1
 
 
+@pytest.mark.parametrize("poison, applied", [(None, True), (np.nan, False),
+                                             (np.inf, False)], ids=["finite", "nan", "inf"])
+def test_gradients_whose_sum_of_squares_overflows_are_checked_one_by_one(poison, applied):
+    """Without a loss scale, the per-variable step knows its gradients finite from
+    their sum of squares; elements of 1e30 overflow it. Its rare branch then checks
+    them one by one: finite ones are applied, a NaN or an Inf skips the step and
+    writes nothing, even under a rule whose update an Inf leaves finite (tanh)."""
+    def factory(cfg):
+        return Transform(no_state, lambda grads, state, variables: (
+            [None if g is None else 0.01 * tf.tanh(g) for g in grads], state))
+
+    register_transform("per_variable_tanh", factory,
+                       capabilities=Capabilities(update_rule=True))
+    variables = _variables()
+    pipe = gradpipe.build({"transforms": [{"kind": "per_variable_tanh"}],
+                           "pipeline": {"jit_compile": True}})
+    pipe.build(variables)
+    assert str(pipe.plan.per_variable).startswith("yes"), pipe.plan
+    step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+    weights = [v.numpy() for v in variables]
+    grads = [g * 1e30 for g in _gradients(0)]
+    if poison is not None:
+        grads[3] = tf.tensor_scatter_nd_update(grads[3], [[5, 5]], [poison])
+    assert bool(step(grads)) is applied
+    changed = [not np.array_equal(v.numpy(), w) for v, w in zip(variables, weights)]
+    assert changed == [applied] * len(variables)
+    assert (int(pipe.iterations), int(pipe.skipped_steps)) == (int(applied), int(not applied))
+
+
 def test_a_state_shared_by_all_variables_is_written_once():
     """nadam keeps one step count and one product of its momentum schedule for every
     variable: after three steps they are those of three steps, not fifteen."""

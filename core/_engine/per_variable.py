@@ -12,17 +12,14 @@ graph share one, which XLA compiles once: those of one shape and dtype, and of
 one path too where a transform's maths reads the variables' names.
 
 The guarantees are the whole step's: the gradients' finite flag and every
-variable's guard scalars (its proofs, bounds or checks, from a function of its
-own that writes nothing) are known before the first write, and every
-variable's function takes that verdict and keeps its variable and state as
-they were where it is false, so a skipped step changes nothing. No
-conditional holds the calls: a conditional would capture every variable's
-gradient and state into its branches, which costs the first step a tenth of a
-second at 50 variables, and the verdict as an argument orders the writes after
-it as the branch did. A guard function
-that reads nothing of its variable (a proof from the gradients' norm, a bound
-from the norms or ranges of its group's state and weights, read in the step)
-runs once per distinct function, not once per variable.
+variable's guard scalars (proofs, bounds or checks, from functions that write
+nothing) are known before the first write. Each variable's function takes that
+verdict as an argument, which orders its writes after it, and keeps its
+variable and state where it is false. No conditional holds the calls (it would
+capture every gradient and state: 0.1 s of the first step at 50 variables). A
+guard that reads nothing of its variable (a proof from the gradients' norm, a
+bound from the norms or ranges of its group's state and weights, read in the
+step) runs once per distinct function, not once per variable.
 """
 
 from __future__ import annotations
@@ -32,20 +29,17 @@ import functools
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-import attrs
 import tensorflow as tf
 
 from ..errors import GradpipeError
-from ..names import scope_name, variable_path
+from ..names import variable_path
 from ..tensors import all_finite
 from ..transform import build_scope, squared_norm, sum_of_squares
 from .bounds import held_state
 from .intervals import Interval, state_range, within_norm
 from .one_variable import OneVariableState, one_variable_structure
-from .plan import Choice, Plan, uncompiled
-from .separable import per_variable_blocker, probe_transform, variables_read
+from .separable import variables_read
 from .writes import assign
-from .xla_trial import compiled_or_why_not, one_kernel_alone, random_draws
 
 
 class _Guard(NamedTuple):
@@ -246,17 +240,20 @@ class PerVariable:
 
     # -- the step -----------------------------------------------------------------
 
-    def update(self, grads: list[Any], finite: tf.Tensor | None, counters: Any
-               ) -> tf.Tensor:
+    def update(self, grads: list[Any], finite: tf.Tensor | None, counters: Any,
+               of_sum: bool = False) -> tf.Tensor:
         """Guard every variable, then update each in its own function, given the
         verdict (it keeps the variable where the step is skipped), write the shared
-        state once and count the step as applied or skipped."""
+        state once and count the step as applied or skipped. ``of_sum``: ``finite``
+        is only whether the gradients' sum of squares is; where it is not, the
+        gradients are checked one by one in the verdict's rare branch."""
         variables = self._step.state.variables
         shared = [[leaf.read_value() for leaf in leaves] for leaves in self._shared]
         present = [j for j, g in enumerate(grads) if g is not None]
-        ok = tf.constant(True) if finite is None else finite
-        if self._guards:
-            ok = ok & self._guarded(grads, variables, shared, present, ok)
+        finite = tf.constant(True) if finite is None else finite
+        guards_ok, rechecked = (self._guarded(grads, variables, shared, present)
+                                if self._guards else (tf.constant(True), []))
+        ok = self._verdict(finite, guards_ok, grads, present, rechecked, of_sum)
         outputs = [self._apply[j](grads[j], variables[j], self._own[j], shared, ok)
                    for j in present]
         done = [t for out in outputs for t in out[-1:]]
@@ -270,7 +267,8 @@ class PerVariable:
             return tf.identity(ok)
 
     def _guarded(self, grads: list[Any], variables: list[Any], shared: list[list[Any]],
-                 present: list[int], finite: tf.Tensor) -> tf.Tensor:
+                 present: list[int]) -> tuple[tf.Tensor, list[int]]:
+        """Whether every guard holds, and the variables whose bounds are rechecked."""
         bound = tf.sqrt(tf.cast(squared_norm(grads), tf.float32))
         groups: dict[int, list[int]] = {}
         for j in present:
@@ -284,74 +282,33 @@ class PerVariable:
             for j in members if guard.per_variable else members[:1]:
                 results.append(guard.function(grads[j], variables[j], self._own[j], shared,
                                               bound, held, weights))
-        ok = all_finite(results)
-        rechecked = [j for j in present if self._guards[j].recheck is not None]
-        if not rechecked:
-            return ok
+        return all_finite(results), [j for j in present
+                                     if self._guards[j].recheck is not None]
 
-        def recheck(*given: Any) -> tf.Tensor:
-            # Run eagerly, when a bound fails (rare): traced and compiled only then,
-            # so the step's own trace and first run pay nothing for it. No write can
-            # come between the step's reads and these: the writes wait for the guard.
+    def _verdict(self, finite: tf.Tensor, guards_ok: tf.Tensor, grads: list[Any],
+                 present: list[int], rechecked: list[int], of_sum: bool) -> tf.Tensor:
+        """``finite & guards_ok`` where both are exact; else decided in one rare branch,
+        run eagerly: the gradients checked one by one (``of_sum``), then the failed
+        bounds without bounds. One conditional for both: each costs 0.1 s of the
+        first step at 50 variables."""
+        fast = finite & guards_ok
+        if not of_sum and not rechecked:
+            return fast
+        variables, given = self._step.state.variables, present if of_sum else rechecked
+
+        def rare(guards_held: Any, *tensors: Any) -> tf.Tensor:
+            # traced and compiled when it first runs; the writes wait for the verdict
+            if of_sum and not bool(all_finite(tensors)):
+                return tf.constant(False)
+            if bool(guards_held) or not rechecked:
+                return guards_held
             now = [[leaf.read_value() for leaf in leaves] for leaves in self._shared]
-            return all_finite([self._guards[j].recheck(g, variables[j], self._own[j], now)
-                               for j, g in zip(rechecked, given)])
+            by_index = dict(zip(given, tensors))
+            return all_finite([self._guards[j].recheck(by_index[j], variables[j],
+                                                       self._own[j], now)
+                               for j in rechecked])
 
-        return tf.cond(ok | ~finite, lambda: ok, lambda: tf.reshape(tf.py_function(
-            recheck, [grads[j] for j in rechecked], Tout=tf.bool), []))
+        settled = fast if of_sum else fast | ~finite
+        return tf.cond(settled, lambda: fast, lambda: tf.reshape(tf.py_function(
+            rare, [guards_ok, *(grads[j] for j in given)], Tout=tf.bool), []))
 
-
-def compile_choices(plan: Plan, step: Any, transforms: list[Any], context: Any, *,
-                    variables: list[Any], masks: list[list[bool]], frozen: list[bool],
-                    replicas: int) -> Plan:
-    """Decide how a compiled step runs: variable by variable where the chain is
-    separable (each distinct function traced now, once), else one function for
-    all; and, under "auto", whether XLA compiles what the step would run."""
-    spec = step.spec
-    if spec.options.jit_compile == "auto" and one_kernel_alone(step, plan):
-        return uncompiled(plan, f'"auto": {spec.transforms[-1].name} alone updates each '
-                                "variable in one fused kernel, which XLA does not beat")
-    names = {scope_name(i, t.name): t.name for i, t in enumerate(spec.transforms)}
-    probes: dict[int, tuple[str, bool]] = {}
-
-    def separable(i: int) -> str:
-        probes[i] = probe_transform(transforms[i], context)
-        return probes[i][0]
-
-    why_not = per_variable_blocker(spec, plan, variables, masks, frozen, replicas, separable)
-    if not why_not:
-        try:
-            per_variable = PerVariable(step)
-        except GradpipeError as exc:
-            why_not = str(exc)
-    trials: list[tuple[Any, tuple[Any, ...]]]
-    if not why_not:
-        count = per_variable.trace(spec.options.check_updates,
-                                   reads_names=any(n for _, n in probes.values()))
-        trials = per_variable.trials()
-        plan = attrs.evolve(
-            plan, per_variable=Choice(True, f"{count} XLA function{'s' * (count > 1)} for "
-                                      f"{len(variables)} variable{'s' * (len(variables) > 1)}"
-                                      ", one per distinct shape and maths, each traced once"),
-            sequence=Choice(False, "each variable is updated by a function of its own"))
-        step.per_variable = per_variable
-    else:
-        plan = attrs.evolve(plan, per_variable=Choice(False, why_not))
-        trials = [(step.compiled, _whole_step_arguments(step.state))]
-    if spec.options.jit_compile == "auto":
-        why = next((w for f, args in trials if (w := compiled_or_why_not(f, args, names))), "")
-        if why:
-            step.per_variable = None
-            return uncompiled(plan, f'"auto": {why}')
-    elif draws := next((d for f, args in trials if (d := random_draws(f, args, names))), ""):
-        plan = attrs.evolve(plan, compile=Choice(True, f"jit_compile = true, although {draws}"))
-    return plan
-
-
-def _whole_step_arguments(store: Any) -> tuple[Any, ...]:
-    """What the step hands its one XLA function, as specs: for lowering it at build
-    (tensors of the gradients' size would take the parameters' memory again)."""
-    packing = store.packing
-    if packing is not None:
-        return [tf.TensorSpec([packing.total], tf.float32)], None
-    return [tf.TensorSpec(v.shape, v.dtype) for v in store.model_variables], None

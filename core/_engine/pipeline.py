@@ -23,11 +23,11 @@ from ..fields import ScheduleRef
 from ..registry import Registry, get_registry
 from ..spec import ComponentSpec, PipelineSpec
 from ..transform import BuildContext, build_scope, hyper
+from .compile_choice import compile_choices
 from .guard import how_bounded, maths_key
 from .layout import LayoutState
 from .learning_rate import LearningRate
 from .packed import elementwise_mismatch
-from .per_variable import compile_choices
 from .plan import Choice, Plan, make_plan
 from .proofs import proof_for
 from .rows import describe_rows

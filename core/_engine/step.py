@@ -164,7 +164,11 @@ class Step:
         # the sum over the scaled gradients, divided by S**2, saves a pass; without
         # a loss scale the gradients are the unscaled ones already
         scaled = raw if reciprocal and self.loss_scaler is not None else None
-        finite = finite_and_record_norm(grads, unscaled, scaled, scale)
+        # per variable, unscaled: an overflowing sum is checked in the verdict's branch
+        of_sum = (self.loss_scaler is None and self.spec.options.accumulation_steps == 1
+                  and not compiling and self._per_variable_usable(
+                      fusion_blocker(grads, self._replicas)))
+        finite = finite_and_record_norm(grads, unscaled, scaled, scale, of_sum)
         if self.loss_scaler is not None:
             _, should_apply = (self.loss_scaler.update(grads, finite=finite)
                                if self._takes_finite else self.loss_scaler.update(grads))
@@ -181,7 +185,7 @@ class Step:
                 lambda mean: self._update(mean, finite_and_record_norm(
                     mean, lambda: mean, None, scale=None), compiling), self._reject)
         elif not compiling:
-            applied = self._update(grads, finite, compiling)
+            applied = self._update(grads, finite, compiling, of_sum)
         else:
             applied = self._update_predicated(grads, unscaled, finite)
         with tf.control_dependencies([applied]):
@@ -245,14 +249,14 @@ class Step:
 
     # -- plain path --------------------------------------------------------
 
-    def _update(self, grads: list[Any], finite: tf.Tensor | None, compiling: bool
-                ) -> tf.Tensor:
+    def _update(self, grads: list[Any], finite: tf.Tensor | None, compiling: bool,
+                of_sum: bool = False) -> tf.Tensor:
         """Run the chain and assign, unless a NaN/Inf would reach the weights: one
         conditional, which only writes, decides on the gradients' finite flag and
         the chain's scalars, before the first assignment."""
         blocked = compiling or fusion_blocker(grads, self._replicas)
         if not compiling and self._per_variable_usable(blocked):
-            return self.per_variable.update(grads, finite, self.counters)
+            return self.per_variable.update(grads, finite, self.counters, of_sum)
         if self.plan.in_place.on and not blocked:
             return self._update_in_place(grads, finite)
         updates, new_states, required = self.run_chain(grads, skip=self._pre_reduce,

@@ -58,7 +58,7 @@ def finite_outputs(outputs: Sequence[Any], state: Sequence[Any]) -> tf.Tensor:
 
 
 def finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled: Any,
-                            scale: tf.Tensor | None) -> tf.Tensor:
+                            scale: tf.Tensor | None, of_sum: bool = False) -> tf.Tensor:
     """Whether every gradient is finite, from the pass that also yields their norm.
 
     Dense gradients: the float32 sum of squares is finite exactly when every
@@ -69,7 +69,8 @@ def finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled: Any,
     (``scaled``, else ``None``) and divided by S**2, which is exact. The rare
     branches recompute the unscaled gradients (``unscaled()``) from the scaled
     ones, so the common path never holds them: XLA fuses the unscaling into the
-    update.
+    update. ``of_sum``: whether the sum is finite, no more; the caller checks the
+    elements where it is not.
     """
     present = [g for g in grads if g is not None]
     if not present or any(isinstance(g, tf.IndexedSlices) for g in present):
@@ -84,6 +85,8 @@ def finite_and_record_norm(grads: Sequence[Any], unscaled: Any, scaled: Any,
                         lambda: scaled_total * inverse * inverse,
                         lambda: sum_of_squares(unscaled()))
     record_squared_norm(grads, total)
+    if of_sum:
+        return tf.math.is_finite(total)
     return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True),
                    lambda: all_finite(unscaled()))
 

@@ -1,0 +1,78 @@
+"""How a compiled step runs: variable by variable, or as one XLA function, or not.
+
+Decided at build, once: where the chain is separable, each distinct
+per-variable function is traced now (``PerVariable``); else the whole step is
+one function. Under ``jit_compile = "auto"`` the functions the step would run
+are lowered to XLA here, so a step XLA cannot compile is planned uncompiled
+with the reason, instead of failing at its first call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import tensorflow as tf
+
+from ..errors import GradpipeError
+from ..names import scope_name
+from .per_variable import PerVariable
+from .plan import Choice, Plan, uncompiled
+from .separable import per_variable_blocker, probe_transform
+from .xla_trial import compiled_or_why_not, one_kernel_alone, random_draws
+
+
+def compile_choices(plan: Plan, step: Any, transforms: list[Any], context: Any, *,
+                    variables: list[Any], masks: list[list[bool]], frozen: list[bool],
+                    replicas: int) -> Plan:
+    """Decide how a compiled step runs: variable by variable where the chain is
+    separable (each distinct function traced now, once), else one function for
+    all; and, under "auto", whether XLA compiles what the step would run."""
+    spec = step.spec
+    if spec.options.jit_compile == "auto" and one_kernel_alone(step, plan):
+        return uncompiled(plan, f'"auto": {spec.transforms[-1].name} alone updates each '
+                                "variable in one fused kernel, which XLA does not beat")
+    names = {scope_name(i, t.name): t.name for i, t in enumerate(spec.transforms)}
+    probes: dict[int, tuple[str, bool]] = {}
+
+    def separable(i: int) -> str:
+        probes[i] = probe_transform(transforms[i], context)
+        return probes[i][0]
+
+    why_not = per_variable_blocker(spec, plan, variables, masks, frozen, replicas, separable)
+    if not why_not:
+        try:
+            per_variable = PerVariable(step)
+        except GradpipeError as exc:
+            why_not = str(exc)
+    trials: list[tuple[Any, tuple[Any, ...]]]
+    if not why_not:
+        count = per_variable.trace(spec.options.check_updates,
+                                   reads_names=any(n for _, n in probes.values()))
+        trials = per_variable.trials()
+        plan = attrs.evolve(
+            plan, per_variable=Choice(True, f"{count} XLA function{'s' * (count > 1)} for "
+                                      f"{len(variables)} variable{'s' * (len(variables) > 1)}"
+                                      ", one per distinct shape and maths, each traced once"),
+            sequence=Choice(False, "each variable is updated by a function of its own"))
+        step.per_variable = per_variable
+    else:
+        plan = attrs.evolve(plan, per_variable=Choice(False, why_not))
+        trials = [(step.compiled, _whole_step_arguments(step.state))]
+    if spec.options.jit_compile == "auto":
+        why = next((w for f, args in trials if (w := compiled_or_why_not(f, args, names))), "")
+        if why:
+            step.per_variable = None
+            return uncompiled(plan, f'"auto": {why}')
+    elif draws := next((d for f, args in trials if (d := random_draws(f, args, names))), ""):
+        plan = attrs.evolve(plan, compile=Choice(True, f"jit_compile = true, although {draws}"))
+    return plan
+
+
+def _whole_step_arguments(store: Any) -> tuple[Any, ...]:
+    """What the step hands its one XLA function, as specs: for lowering it at build
+    (tensors of the gradients' size would take the parameters' memory again)."""
+    packing = store.packing
+    if packing is not None:
+        return [tf.TensorSpec([packing.total], tf.float32)], None
+    return [tf.TensorSpec(v.shape, v.dtype) for v in store.model_variables], None
