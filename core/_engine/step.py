@@ -89,7 +89,7 @@ class Step:
         grads, present = self._inputs(pairs)
         blocked = fusion_blocker(grads, self._replicas)
         # per variable: the step calls each variable's XLA function (``_update``)
-        compiling = self.plan.compile.on and not self._per_variable_usable(blocked) and (
+        compiling = self.plan.compile.on and not self._per_variable_usable(grads) and (
             self.spec.options.jit_compile is True or not blocked)
         applied = (self.compiled(grads, present) if compiling
                    else self._step(grads, present, False))
@@ -118,10 +118,11 @@ class Step:
         finally:
             self.context.shared.clear()
 
-    def _per_variable_usable(self, blocked: Any) -> bool:
-        """Per-variable functions planned, and nothing known only now keeps other paths."""
-        return bool(self.per_variable is not None and self.plan.compile.on and not blocked
-                    and not in_xla_function())
+    def _per_variable_usable(self, grads: list[Any], compiling: bool = False) -> bool:
+        """Whether the step calls the per-variable functions (``_update``): planned, the
+        whole step not compiled, and nothing known only now keeps other paths."""
+        return bool(self.per_variable is not None and self.plan.compile.on and not compiling
+                    and not fusion_blocker(grads, self._replicas) and not in_xla_function())
 
     def path(self, pairs: list[tuple[Any, Any]]) -> str:
         """The path a step with these gradients takes now, and why."""
@@ -166,8 +167,7 @@ class Step:
         scaled = raw if reciprocal and self.loss_scaler is not None else None
         # per variable, unscaled: an overflowing sum is checked in the verdict's branch
         of_sum = (self.loss_scaler is None and self.spec.options.accumulation_steps == 1
-                  and not compiling and self._per_variable_usable(
-                      fusion_blocker(grads, self._replicas)))
+                  and self._per_variable_usable(grads, compiling))
         finite = finite_and_record_norm(grads, unscaled, scaled, scale, of_sum)
         if self.loss_scaler is not None:
             _, should_apply = (self.loss_scaler.update(grads, finite=finite)
@@ -254,9 +254,9 @@ class Step:
         """Run the chain and assign, unless a NaN/Inf would reach the weights: one
         conditional, which only writes, decides on the gradients' finite flag and
         the chain's scalars, before the first assignment."""
-        blocked = compiling or fusion_blocker(grads, self._replicas)
-        if not compiling and self._per_variable_usable(blocked):
+        if self._per_variable_usable(grads, compiling):
             return self.per_variable.update(grads, finite, self.counters, of_sum)
+        blocked = compiling or fusion_blocker(grads, self._replicas)
         if self.plan.in_place.on and not blocked:
             return self._update_in_place(grads, finite)
         updates, new_states, required = self.run_chain(grads, skip=self._pre_reduce,
