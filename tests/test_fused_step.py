@@ -196,6 +196,59 @@ def test_adams_outputs_are_proved_only_where_its_bound_holds(options, proved):
     assert ("proved" in pipe.plan.checks[0]) is proved
 
 
+@pytest.mark.parametrize("options, proved", [
+    ({}, True),
+    ({"learning_rate": "@lr"}, True),
+    ({"learning_rate": 1e30}, True),  # each step requires 2 * lr * |g| below the bound
+    ({"epsilon": 1e-30}, True),
+    ({"epsilon": 1e-31}, False),  # sqrt(eps) no longer holds an underflowing g**2
+    ({"epsilon": 0.0}, False),  # 0 / 0 where the accumulator starts at 0 and g = 0
+])
+def test_adagrads_outputs_are_proved_only_where_its_bound_holds(options, proved):
+    pipe = gradpipe.build({"schedules": {"lr": {"kind": "linear", "start": 0.1, "end": 0.0,
+                                                "steps": 10}},
+                           "transforms": [{"kind": "adagrad", **options}]})
+    pipe.build([tf.Variable([1.0])])
+    assert ("proved from its input's norm and its state's largest element"
+            in pipe.plan.checks[0]) is proved
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["plain", "fused"])
+def test_adagrad_skips_the_step_that_would_overflow_its_accumulator(jit):
+    """The proof reads the accumulator's largest element: near the float32 maximum,
+    a gradient whose square would take it past that is skipped, and the same step
+    as checked (the maths as a third party's) skips it too; a small one applies."""
+    table = {"pipeline": {"jit_compile": jit},
+             "transforms": [{"kind": "adagrad", "learning_rate": 0.1,
+                             "initial_accumulator_value": 3e38}]}
+    grads = [[np.array([1.0, 0.0, 0.0, 0.0], "f4")], [np.array([0.0, 0.0, 0.0, 1e19], "f4")],
+             [np.array([0.0, 2.0, 0.0, 0.0], "f4")]]
+    runs = [_run(t, grads, init=[np.zeros(4, "f4")]) for t in (table, _checked(table))]
+    (weights,), state, applied, pipe = runs[0]
+    assert "proved" in pipe.plan.checks[0] and "checked" in runs[1][3].plan.checks[0]
+    assert applied == runs[1][2] == [True, False, True]
+    np.testing.assert_array_equal(weights, runs[1][0][0])
+    assert np.isfinite(weights).all() and weights[3] == 0.0
+    assert np.isfinite(next(v for k, v in state.items() if "accumulator" in k)).all()
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["plain", "fused"])
+def test_adagrads_proof_holds_at_a_rate_set_while_training(jit):
+    """Each step requires ``2 * lr * |g|`` below the float32 maximum at that step's
+    rate: at 0.1 a gradient of 1e19 applies; at a rate set to 1e30, where
+    ``lr * g`` overflows, it is skipped."""
+    var = tf.Variable(np.zeros(3, "f4"))
+    pipe = gradpipe.build({"pipeline": {"jit_compile": jit},
+                           "transforms": [{"kind": "adagrad", "learning_rate": 0.1}]})
+    pipe.build([var])
+    step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
+    huge = tf.constant([1e19, 0.0, 0.0])
+    assert bool(step(huge))
+    pipe.learning_rate = 1e30
+    assert not bool(step(huge))
+    np.testing.assert_allclose(var.numpy(), [-0.1, 0.0, 0.0], rtol=1e-6)
+
+
 @pytest.mark.parametrize("table", [
     {"transforms": [{"kind": "adagrad"}]},  # declares nothing: compiled all the same
     {"transforms": [{"kind": "adam"}], "loss_scale": {"kind": "backoff"}},

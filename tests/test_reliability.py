@@ -61,15 +61,20 @@ PROVED = st.one_of(
               st.sampled_from([0.0, 0.5, 0.999]), st.sampled_from([1e-30, 1e-16, 1e-7, 1.0])),
     st.builds(lambda lr, mu, nesterov: {"kind": "sgd", "learning_rate": lr, "momentum": mu,
                                         "nesterov": nesterov},
-              EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]), st.booleans()))
+              EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]), st.booleans()),
+    st.builds(lambda lr, start, eps: {"kind": "adagrad", "learning_rate": lr,
+                                      "initial_accumulator_value": start, "epsilon": eps},
+              EXTREME_RATES, st.sampled_from([0.0, 0.1, 1e30, 3e38]),
+              st.sampled_from([1e-30, 1e-7, 1.0])))
 
 
 def _checked_copy(kind: str) -> str:
     """The built-in rule's very maths, registered by a third party: its outputs are
     then checked instead of proved."""
-    from gradpipe.plugins import adam, sgd
+    from gradpipe.plugins import adam, adaptive, sgd
 
-    factory, config = {"adam": (adam.adam, adam.AdamConfig), "sgd": (sgd.sgd, sgd.SGDConfig)}[kind]
+    factory, config = {"adam": (adam.adam, adam.AdamConfig), "sgd": (sgd.sgd, sgd.SGDConfig),
+                       "adagrad": (adaptive.adagrad, adaptive.AdagradConfig)}[kind]
     _in_process_plugin(f"{kind}_checked", factory, config, update_rule=True)
     return f"{kind}_checked"
 

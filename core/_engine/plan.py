@@ -25,6 +25,7 @@ from ..distribute import is_parameter_server
 from ..errors import GradpipeError
 from ..spec import PipelineSpec
 from ..transform import accelerator_visible
+from .proofs import PROOFS_READING_STATE
 from .summaries import writer_may_record
 
 # "auto" compiles where XLA pays (benchmarks/HISTORY.md, measured on 2 cores): XLA
@@ -147,7 +148,8 @@ def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...],
         elif not spec.options.check_updates:
             out.append(where + "not checked (check_updates = false)")
         elif proof:
-            out.append(where + "proved from its input's norm (gradpipe knows its maths)")
+            read = " and its state's largest element" if t.name in PROOFS_READING_STATE else ""
+            out.append(where + f"proved from its input's norm{read} (gradpipe knows its maths)")
         elif how_bounded is not None and (why := how_bounded(i)) in ("norm", "range"):
             bounded.append(i)
             if why == "range":

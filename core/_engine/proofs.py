@@ -23,7 +23,17 @@ every earlier transform's outputs are proved or checked in turn.
   beta_1 the config proves it for every step (``alpha <= 2 lr / (1 - beta_1)``);
   under a schedule each step requires its own ``alpha`` below it, and the
   betas in [0, 1).
+* ``adagrad`` with ``epsilon >= 1e-30``: the accumulator never falls below its
+  start (``acc += g**2``), so ``sqrt(acc + eps)`` is at least ``|g|`` (or
+  ``1e-15``, where ``g**2`` underflows) and the update ``lr * g / sqrt(acc +
+  eps)`` stays within ``2 * lr``, its product ``lr * g`` within ``lr * max|g|``:
+  each step requires ``2 * lr * sqrt(sum(g**2))`` below the float32 maximum.
+  The new accumulator can overflow too, so its largest element is read (one
+  pass, where a bound would read its least and its largest) and ``max(acc) +
+  sum(g**2)`` must stay below it.
 
+As for ``adam``'s second moment, a proof takes the state the engine wrote (or
+restored) as its maths leaves it: an accumulator of squares is not negative.
 Proofs are never taken from a plugin: a plugin's word that its outputs are
 finite could be wrong, and a wrong one would write NaN into the weights. The
 tests hold each proof against adversarial gradients.
@@ -85,10 +95,21 @@ def _clip_provable(config: Any) -> bool:
     return True
 
 
+#: the least epsilon of adagrad's proof: its root, 1e-15, holds an underflowing g**2
+ADAGRAD_MIN_EPSILON = 1e-30
+
+
+def _adagrad_provable(config: Any) -> bool:
+    return config.epsilon >= ADAGRAD_MIN_EPSILON  # the rate is required at each step
+
+
 _PROVABLE: dict[str, Callable[[Any], bool]] = {
-    "clip_by_global_norm": _clip_provable, "sgd": _sgd_provable, "adam": _adam_provable}
+    "clip_by_global_norm": _clip_provable, "sgd": _sgd_provable, "adam": _adam_provable,
+    "adagrad": _adagrad_provable}
 #: gradpipe's own transforms whose outputs can be proved finite (their configs permitting)
 PROVED = tuple(_PROVABLE)
+#: those whose proof reads their state (one pass over it, each step)
+PROOFS_READING_STATE = ("adagrad",)
 
 
 def provable(spec: ComponentSpec, config: Any = None) -> bool:
@@ -104,7 +125,7 @@ def proof_for(spec: ComponentSpec) -> Prove | None:
     if not provable(spec):
         return None
     return {"clip_by_global_norm": _clip_proof, "sgd": _sgd_proof,
-            "adam": _adam_proof}[spec.name](spec.config)
+            "adam": _adam_proof, "adagrad": _adagrad_proof}[spec.name](spec.config)
 
 
 def _clip_proof(config: Any) -> Prove:
@@ -159,5 +180,26 @@ def _adam_proof(config: Any) -> Prove:
         if None in (getattr(beta_1, "constant", None), getattr(beta_2, "constant", None)):
             required.append((b1 >= 0) & (b1 < 1) & (b2 >= 0) & (b2 < 1))
         return required
+
+    return prove
+
+
+def _adagrad_proof(config: Any) -> Prove:
+    import tensorflow as tf
+
+    lr = hyper(config.learning_rate)
+
+    def prove(inputs: list[Any], read_state: Callable[[], Any]) -> list[Any] | None:
+        if _rows(inputs) or any(g is not None and g.dtype.size < 4 for g in inputs):
+            return None  # the bounds hold for float32 and float64
+        largest = [tf.cast(tf.reduce_max(acc), tf.float64)
+                   for g, acc in zip(inputs, read_state().accumulator) if g is not None]
+        if not largest:
+            return []
+        # in float64, compared with float32's maximum: NaN/Inf fail too
+        squared = tf.cast(squared_bound(inputs), tf.float64)
+        step = 2 * tf.cast(lr(), tf.float64) * tf.sqrt(squared)
+        return [step < FLOAT32_BOUND,
+                tf.reduce_max(tf.stack(largest)) + squared < FLOAT32_BOUND]
 
     return prove
