@@ -27,7 +27,8 @@ every earlier transform's outputs are proved or checked in turn.
   start (``acc += g**2``), so ``sqrt(acc + eps)`` is at least ``|g|`` (or
   ``1e-15``, where ``g**2`` underflows) and the update ``lr * g / sqrt(acc +
   eps)`` stays within ``2 * lr``, its product ``lr * g`` within ``lr * max|g|``:
-  each step requires ``2 * lr * sqrt(sum(g**2))`` below the float32 maximum.
+  each step requires ``2 * lr * max(1, sqrt(sum(g**2)))`` below the float32
+  maximum.
   The new accumulator can overflow too, so its largest element is read (one
   pass, where a bound would read its least and its largest) and ``max(acc) +
   sum(g**2)`` must stay below it.
@@ -198,7 +199,8 @@ def _adagrad_proof(config: Any) -> Prove:
             return []
         # in float64, compared with float32's maximum: NaN/Inf fail too
         squared = tf.cast(squared_bound(inputs), tf.float64)
-        step = 2 * tf.cast(lr(), tf.float64) * tf.sqrt(squared)
+        # 2 * lr bounds the update, 2 * lr * |g| its product lr * g computed first
+        step = 2 * tf.cast(lr(), tf.float64) * tf.maximum(tf.sqrt(squared), 1.0)
         return [step < FLOAT32_BOUND,
                 tf.reduce_max(tf.stack(largest)) + squared < FLOAT32_BOUND]
 
