@@ -199,7 +199,7 @@ def test_adams_outputs_are_proved_only_where_its_bound_holds(options, proved):
 @pytest.mark.parametrize("options, proved", [
     ({}, True),
     ({"learning_rate": "@lr"}, True),
-    ({"learning_rate": 1e30}, True),  # each step requires 2 * lr * |g| below the bound
+    ({"learning_rate": 1e30}, True),  # each step requires 2 lr max(1, |g|) below it
     ({"epsilon": 1e-30}, True),
     ({"epsilon": 1e-31}, False),  # sqrt(eps) no longer holds an underflowing g**2
     ({"epsilon": 0.0}, False),  # 0 / 0 where the accumulator starts at 0 and g = 0
@@ -234,8 +234,8 @@ def test_adagrad_skips_the_step_that_would_overflow_its_accumulator(jit):
 
 @pytest.mark.parametrize("jit", [False, True], ids=["plain", "fused"])
 def test_adagrads_proof_holds_at_a_rate_set_while_training(jit):
-    """Each step requires ``2 * lr * |g|`` below the float32 maximum at that step's
-    rate: at 0.1 a gradient of 1e19 applies; at a rate set to 1e30, where
+    """Each step requires ``2 * lr * max(1, |g|)`` below the float32 maximum at that
+    step's rate: at 0.1 a gradient of 1e19 applies; at a rate set to 1e30, where
     ``lr * g`` overflows, it is skipped."""
     var = tf.Variable(np.zeros(3, "f4"))
     pipe = gradpipe.build({"pipeline": {"jit_compile": jit},
