@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gradpipe
-from conftest import ROOT, register_transform
+from conftest import ROOT, checked_copy, register_transform
 from gradpipe import ConfigError, GradpipeError, PluginError
 
 
@@ -68,17 +68,6 @@ PROVED = st.one_of(
               st.sampled_from([1e-30, 1e-7, 1.0])))
 
 
-def _checked_copy(kind: str) -> str:
-    """The built-in rule's very maths, registered by a third party: its outputs are
-    then checked instead of proved."""
-    from gradpipe.plugins import adam, adaptive, sgd
-
-    factory, config = {"adam": (adam.adam, adam.AdamConfig), "sgd": (sgd.sgd, sgd.SGDConfig),
-                       "adagrad": (adaptive.adagrad, adaptive.AdagradConfig)}[kind]
-    _in_process_plugin(f"{kind}_checked", factory, config, update_rule=True)
-    return f"{kind}_checked"
-
-
 @pytest.mark.slow
 @settings(max_examples=100, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
@@ -99,7 +88,7 @@ def test_a_proof_never_applies_a_step_the_check_skips(rule, scheduled, clip, gra
         rule = {**rule, "learning_rate": "@lr"}
     clipping = [] if clip is None else [{"kind": "clip_by_global_norm", "clip_norm": clip}]
     runs = []
-    for kind in (rule["kind"], _checked_copy(rule["kind"])):
+    for kind in (rule["kind"], checked_copy(rule["kind"])):
         var = tf.Variable(np.zeros(3, "f4"))
         pipe = gradpipe.build({**table, "transforms": clipping + [{**rule, "kind": kind}]})
         pipe.build([var])
