@@ -196,18 +196,29 @@ def test_adams_outputs_are_proved_only_where_its_bound_holds(options, proved):
     assert ("proved" in pipe.plan.checks[0]) is proved
 
 
-@pytest.mark.parametrize("options, proved", [
-    ({}, True),
-    ({"learning_rate": "@lr"}, True),
-    ({"learning_rate": 1e30}, True),  # each step requires 2 lr max(1, |g|) below it
-    ({"epsilon": 1e-30}, True),
-    ({"epsilon": 1e-31}, False),  # sqrt(eps) no longer holds an underflowing g**2
-    ({"epsilon": 0.0}, False),  # 0 / 0 where the accumulator starts at 0 and g = 0
+@pytest.mark.parametrize("kind, options, proved", [
+    ("adagrad", {}, True),
+    ("adagrad", {"learning_rate": "@lr"}, True),
+    ("adagrad", {"learning_rate": 1e30}, True),  # each step requires 2 lr max(1, |g|) below it
+    ("adagrad", {"epsilon": 1e-30}, True),
+    ("adagrad", {"epsilon": 1e-31}, False),  # sqrt(eps) no longer holds an underflowing g**2
+    ("adagrad", {"epsilon": 0.0}, False),  # 0 / 0 where the accumulator starts at 0 and g = 0
+    ("rmsprop", {}, True),
+    ("rmsprop", {"learning_rate": "@lr", "rho": 0.999999}, True),
+    ("rmsprop", {"learning_rate": 1e30}, True),  # required at each step, as adagrad's
+    ("rmsprop", {"momentum": 0.9, "learning_rate": 1e36}, True),
+    # the momentum's sum of past steps: 2 lr / sqrt(1 - rho) / (1 - mu) * (1 + mu) > 3.4e38
+    ("rmsprop", {"momentum": 0.9, "learning_rate": 1e37}, False),
+    ("rmsprop", {"momentum": 0.9, "learning_rate": "@lr"}, False),  # past rates unknown
+    ("rmsprop", {"rho": 1.0}, False),  # v never holds g**2
+    ("rmsprop", {"rho": "@lr"}, False),
+    ("rmsprop", {"centered": True}, False),  # v - avg**2 can round below 0
+    ("rmsprop", {"epsilon": 1e-31}, False),
 ])
-def test_adagrads_outputs_are_proved_only_where_its_bound_holds(options, proved):
+def test_mean_square_rules_are_proved_only_where_their_bound_holds(kind, options, proved):
     pipe = gradpipe.build({"schedules": {"lr": {"kind": "linear", "start": 0.1, "end": 0.0,
                                                 "steps": 10}},
-                           "transforms": [{"kind": "adagrad", **options}]})
+                           "transforms": [{"kind": kind, **options}]})
     pipe.build([tf.Variable([1.0])])
     assert ("proved from its input's norm and its state's largest element"
             in pipe.plan.checks[0]) is proved
@@ -233,20 +244,35 @@ def test_adagrad_skips_the_step_that_would_overflow_its_accumulator(jit):
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["plain", "fused"])
-def test_adagrads_proof_holds_at_a_rate_set_while_training(jit):
-    """Each step requires ``2 * lr * max(1, |g|)`` below the float32 maximum at that
-    step's rate: at 0.1 a gradient of 1e19 applies; at a rate set to 1e30, where
-    ``lr * g`` overflows, it is skipped."""
+@pytest.mark.parametrize("kind, first_step", [("adagrad", 0.1), ("rmsprop", 0.1 / 0.1**0.5)])
+def test_a_mean_square_proof_holds_at_a_rate_set_while_training(jit, kind, first_step):
+    """Each step requires ``2 * lr * max(1 / sqrt(k), |g|)`` below the float32 maximum
+    at that step's rate: at 0.1 a gradient of 1e19 applies; at a rate set to 1e30,
+    where ``lr * g`` overflows, it is skipped."""
     var = tf.Variable(np.zeros(3, "f4"))
     pipe = gradpipe.build({"pipeline": {"jit_compile": jit},
-                           "transforms": [{"kind": "adagrad", "learning_rate": 0.1}]})
+                           "transforms": [{"kind": kind, "learning_rate": 0.1}]})
     pipe.build([var])
     step = tf.function(lambda g: pipe.apply_gradients([(g, var)]))
     huge = tf.constant([1e19, 0.0, 0.0])
     assert bool(step(huge))
     pipe.learning_rate = 1e30
     assert not bool(step(huge))
-    np.testing.assert_allclose(var.numpy(), [-0.1, 0.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(var.numpy(), [-first_step, 0.0, 0.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["plain", "fused"])
+def test_rmsprop_applies_steps_near_the_float32_maximum_as_checked_ones(jit):
+    """rmsprop's average is a weighted mean: its proof requires ``rho max(v) + (1 -
+    rho) sum(g**2)`` below the float32 maximum, not ``max(v) + sum(g**2)``, so steps
+    whose squares come near the maximum apply as the checked copy's do."""
+    table = {"pipeline": {"jit_compile": jit},
+             "transforms": [{"kind": "rmsprop", "learning_rate": 0.1, "momentum": 0.5}]}
+    grads = [[np.array([1.8e19, 0.0, 0.0, 0.0], "f4")]] * 3 + [[np.array([0, 1, 0, 0], "f4")]]
+    runs = [_run(t, grads, init=[np.zeros(4, "f4")]) for t in (table, _checked(table))]
+    assert "proved" in runs[0][3].plan.checks[0] and "checked" in runs[1][3].plan.checks[0]
+    assert runs[0][2] == runs[1][2] == [True] * 4
+    np.testing.assert_array_equal(runs[0][0][0], runs[1][0][0])
 
 
 @pytest.mark.parametrize("table", [

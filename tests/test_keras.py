@@ -331,6 +331,9 @@ def test_custom_loop_sets_the_rate_and_checkpoints_keep_it(tmp_path):
                       r"must be >= 0, got -1\.0"),
     (CLIP_ADAM, 1e30, r"transforms\[1\]\.learning_rate = 1e\+30 is beyond the bound under "
                       r"which gradpipe proves adam's updates finite"),
+    ({"transforms": [{"kind": "rmsprop", "learning_rate": 0.1, "momentum": 0.9}]}, 1e37,
+     r"transforms\[0\]\.learning_rate = 1e\+37 is beyond the bound under which gradpipe "
+     r"proves rmsprop's updates finite"),
     (CLIP_ADAM, float("nan"), "must be finite, got nan"),
     (CLIP_ADAM, keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9),
      "must be set to a number, got ExponentialDecay; a schedule belongs in the pipeline file"),

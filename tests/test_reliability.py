@@ -65,7 +65,11 @@ PROVED = st.one_of(
     st.builds(lambda lr, start, eps: {"kind": "adagrad", "learning_rate": lr,
                                       "initial_accumulator_value": start, "epsilon": eps},
               EXTREME_RATES, st.sampled_from([0.0, 0.1, 1e30, 3e38]),
-              st.sampled_from([1e-30, 1e-7, 1.0])))
+              st.sampled_from([1e-30, 1e-7, 1.0])),
+    st.builds(lambda lr, rho, mu, eps: {"kind": "rmsprop", "learning_rate": lr, "rho": rho,
+                                        "momentum": mu, "epsilon": eps},
+              EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]),
+              st.sampled_from([0.0, 0.9, 0.999]), st.sampled_from([1e-30, 1e-7, 1.0])))
 
 
 @pytest.mark.slow

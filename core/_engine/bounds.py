@@ -132,6 +132,14 @@ def held_state(tensors: Sequence[Any], ranged: bool) -> list[Interval]:
     return [within_norm(squared_bound(tensors))] * len(tensors)
 
 
+def largest_element(tensor: Any) -> Any:
+    """The largest element of a transform's state ``tensor``: the top of the interval
+    the step recorded for it (``record_state``: read once for a group of variables),
+    else read now."""
+    recorded = current_context().shared.get("intervals", {})
+    return recorded[id(tensor)][1].hi if id(tensor) in recorded else tf.reduce_max(tensor)
+
+
 def record_state(tensors: Sequence[Any], held: Interval) -> None:
     """Remember that every element of ``tensors`` (a transform's state) lies in ``held``."""
     current_context().shared.setdefault("intervals", {}).update({id(t): (t, held) for t in tensors})

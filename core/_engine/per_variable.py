@@ -17,9 +17,10 @@ nothing) are known before the first write. Each variable's function takes that
 verdict as an argument, which orders its writes after it, and keeps its
 variable and state where it is false. No conditional holds the calls (it would
 capture every gradient and state: 0.1 s of the first step at 50 variables). A
-guard that reads nothing of its variable (a proof from the gradients' norm, a
-bound from the norms or ranges of its group's state and weights, read in the
-step) runs once per distinct function, not once per variable.
+guard that reads nothing of its variable (a proof from the gradients' norm and
+its group's state's largest element, a bound from the norms or ranges of its
+group's state and weights, read in the step) runs once per distinct function,
+not once per variable.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ class PerVariable:
             self._own.append(own)
         self._apply: list[Any] = []
         self._guards: list[_Guard] = []
-        self._state_bounds = False  # whether a guard bounds a transform's state
+        # (transform, leaf) whose state interval a guard reads (``_held``)
+        self._held_read: set[tuple[int, int]] = set()
         self._weight_bounds = False  # whether a guard bounds a weight its maths reads
 
     # -- build ----------------------------------------------------------------
@@ -134,7 +136,11 @@ class PerVariable:
         bounds_at = 2 + sum(len(leaves) for leaves in own) + sum(map(len, shared)) + 1
         pairs = sum(len(owned) for _, owned in self._layouts[j])
         weight_at = bounds_at + 2 * pairs
-        self._state_bounds |= any(t.consumers() for t in inputs[bounds_at:weight_at])
+        for i, (_, owned) in enumerate(self._layouts[j]):  # [lo, hi] per state leaf
+            for k in range(len(owned)):
+                if any(t.consumers() for t in inputs[bounds_at:bounds_at + 2]):
+                    self._held_read.add((i, k))
+                bounds_at += 2
         self._weight_bounds |= any(t.consumers() for t in inputs[weight_at:weight_at + 2])
         if per_variable:  # traced again, compiled: it reads each variable's tensors
             function = tf.function(body, jit_compile=True, autograph=False)
@@ -150,9 +156,10 @@ class PerVariable:
     def _held(self, first: int, members: list[int], shared: list[list[Any]]
               ) -> list[list[list[Any]]]:
         """The intervals the state of group ``first`` lies in: per transform, per leaf,
-        the leaf's norm or range (``Guard.ranged``) over the group's ``members``;
-        zeros where the guard bounds no state."""
-        bounded, ranged = self._step.guard.bounded, self._step.guard.ranged
+        the leaf's norm or range (``Guard.ranged``) over the group's ``members``, or,
+        for a proof, ``[0, largest element]`` (a proof reads only the largest, of a
+        state its maths keeps non-negative); zeros where the guard reads no state."""
+        proofs, ranged = self._step.guard.proofs, self._step.guard.ranged
         held = self._interval_specs(first, tf.constant(0.0))
         for i, (_, owned) in enumerate(self._layouts[first]):
             own, common = 0, 0
@@ -163,7 +170,12 @@ class PerVariable:
                 else:
                     leaves = [shared[i][common]]
                     common += 1
-                if self._state_bounds and i in bounded and leaves[0].dtype.is_floating:
+                if (i, k) not in self._held_read or not leaves[0].dtype.is_floating:
+                    continue
+                if proofs[i] is not None:
+                    held[i][k] = [tf.constant(0.0), tf.cast(tf.reduce_max(tf.stack(
+                        [tf.reduce_max(t) for t in leaves])), tf.float32)]
+                else:
                     held[i][k] = list(state_range(leaves) if i in ranged
                                       else held_state(leaves, False)[0])
         return held

@@ -3,7 +3,7 @@
 A step never writes a non-finite value: before the first assignment it knows
 that every transform's updates and new state are finite. For most transforms
 it checks them (one sum over each output, ``step_ops.finite_outputs``). For
-three of gradpipe's own, whose maths it knows, it proves them instead, from a
+some of gradpipe's own, whose maths it knows, it proves them instead, from a
 few scalars the step has already or computes in a few scalar ops. Each proof
 assumes its inputs finite: the step checks the gradients it starts from, and
 every earlier transform's outputs are proved or checked in turn.
@@ -23,18 +23,24 @@ every earlier transform's outputs are proved or checked in turn.
   beta_1 the config proves it for every step (``alpha <= 2 lr / (1 - beta_1)``);
   under a schedule each step requires its own ``alpha`` below it, and the
   betas in [0, 1).
-* ``adagrad`` with ``epsilon >= 1e-30``: the accumulator never falls below its
-  start (``acc += g**2``), so ``sqrt(acc + eps)`` is at least ``|g|`` (or
-  ``1e-15``, where ``g**2`` underflows) and the update ``lr * g / sqrt(acc +
-  eps)`` stays within ``2 * lr``, its product ``lr * g`` within ``lr * max|g|``:
-  each step requires ``2 * lr * max(1, sqrt(sum(g**2)))`` below the float32
-  maximum.
-  The new accumulator can overflow too, so its largest element is read (one
-  pass, where a bound would read its least and its largest) and ``max(acc) +
-  sum(g**2)`` must stay below it.
+* ``adagrad`` and ``rmsprop`` (not centred, ``rho`` constant and below 1), with
+  ``epsilon >= 1e-30``: their new average of squares ``v`` (adagrad's ``acc +=
+  g**2``, rmsprop's ``rho v + (1 - rho) g**2``) is at least ``k g**2`` (``k``
+  is 1, and ``1 - rho``), so ``sqrt(v + eps)`` is at least ``sqrt(k) |g|`` or,
+  where ``k g**2`` is below ``eps``, ``sqrt(eps)`` (``1e-15`` at least). The
+  update ``lr * g / sqrt(v + eps)`` then stays within ``2 * lr / sqrt(k)``, its
+  product ``lr * g`` within ``lr * max|g|``: each step requires ``2 * lr *
+  max(1 / sqrt(k), sqrt(sum(g**2)))`` below the float32 maximum. The new
+  average can overflow too (adagrad's grows; rmsprop's, a weighted mean, can
+  round past the maximum), so the state's largest element is read (one pass,
+  where a bound would read its least and its largest) and ``max(acc) +
+  sum(g**2)``, or ``rho max(v) + (1 - rho) sum(g**2)``, must stay below it.
+  With momentum, at a constant rate and momentum ``mu < 1``, rmsprop's ``|m|``
+  stays below ``2 * lr / sqrt(1 - rho) / (1 - mu)``, as ``sgd``'s does.
+  Centred, ``v - avg**2`` can round below zero: checked.
 
 As for ``adam``'s second moment, a proof takes the state the engine wrote (or
-restored) as its maths leaves it: an accumulator of squares is not negative.
+restored) as its maths leaves it: an average of squares is not negative.
 Proofs are never taken from a plugin: a plugin's word that its outputs are
 finite could be wrong, and a wrong one would write NaN into the weights. The
 tests hold each proof against adversarial gradients.
@@ -42,15 +48,16 @@ tests hold each proof against adversarial gradients.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..entry_points import BUILTIN_DIST
 from ..fields import is_constant
 from ..spec import ComponentSpec
 from ..transform import hyper
-from .bounds import squared_bound
+from .bounds import largest_element, squared_bound
 
 #: sqrt of the float32 maximum: an input with a finite sum of squares has no larger element.
 LARGEST_ELEMENT = 2.0**64
@@ -96,37 +103,25 @@ def _clip_provable(config: Any) -> bool:
     return True
 
 
-#: the least epsilon of adagrad's proof: its root, 1e-15, holds an underflowing g**2
-ADAGRAD_MIN_EPSILON = 1e-30
+#: the least epsilon of adagrad's and rmsprop's proofs: its root, 1e-15, holds an
+#: underflowing g**2
+ROOT_MIN_EPSILON = 1e-30
 
 
 def _adagrad_provable(config: Any) -> bool:
-    return config.epsilon >= ADAGRAD_MIN_EPSILON  # the rate is required at each step
+    return config.epsilon >= ROOT_MIN_EPSILON  # the rate is required at each step
 
 
-_PROVABLE: dict[str, Callable[[Any], bool]] = {
-    "clip_by_global_norm": _clip_provable, "sgd": _sgd_provable, "adam": _adam_provable,
-    "adagrad": _adagrad_provable}
-#: gradpipe's own transforms whose outputs can be proved finite (their configs permitting)
-PROVED = tuple(_PROVABLE)
-#: those whose proof reads their state (one pass over it, each step)
-PROOFS_READING_STATE = ("adagrad",)
-
-
-def provable(spec: ComponentSpec, config: Any = None) -> bool:
-    """Whether the engine proves ``spec``'s outputs finite (with ``config`` instead of
-    the spec's own, for a learning rate set while training)."""
-    check = _PROVABLE.get(spec.name) if spec.dist == BUILTIN_DIST else None
-    return check is not None and check(spec.config if config is None else config)
-
-
-def proof_for(spec: ComponentSpec) -> Prove | None:
-    """The proof of ``spec``'s outputs, or ``None`` (they are checked). Call it in the
-    pipeline's build scope: a scheduled hyperparameter reads the pipeline's step."""
-    if not provable(spec):
-        return None
-    return {"clip_by_global_norm": _clip_proof, "sgd": _sgd_proof,
-            "adam": _adam_proof, "adagrad": _adagrad_proof}[spec.name](spec.config)
+def _rmsprop_provable(config: Any) -> bool:
+    rho, mu, lr = config.rho, config.momentum, config.learning_rate
+    if (config.centered or config.epsilon < ROOT_MIN_EPSILON or not is_constant(rho)
+            or _float32(1.0 - rho) <= 0):
+        return False
+    if is_constant(mu) and mu == 0:
+        return True  # the rate is required at each step
+    # the momentum sums the past steps, each within 2 lr / sqrt(1 - rho)
+    return (is_constant(lr) and is_constant(mu) and mu < 1
+            and 2 * lr / math.sqrt(_float32(1.0 - rho)) / (1 - mu) * (1 + mu) < FLOAT32_BOUND)
 
 
 def _clip_proof(config: Any) -> Prove:
@@ -185,7 +180,9 @@ def _adam_proof(config: Any) -> Prove:
     return prove
 
 
-def _adagrad_proof(config: Any) -> Prove:
+def _mean_square_proof(config: Any, average: str, decay: float, scale: float) -> Prove:
+    """The proof of ``lr * g / sqrt(v + eps)`` where the new ``v``, the state's field
+    ``average``, is ``decay * v + scale * g**2``."""
     import tensorflow as tf
 
     lr = hyper(config.learning_rate)
@@ -193,15 +190,53 @@ def _adagrad_proof(config: Any) -> Prove:
     def prove(inputs: list[Any], read_state: Callable[[], Any]) -> list[Any] | None:
         if _rows(inputs) or any(g is not None and g.dtype.size < 4 for g in inputs):
             return None  # the bounds hold for float32 and float64
-        largest = [tf.cast(tf.reduce_max(acc), tf.float64)
-                   for g, acc in zip(inputs, read_state().accumulator) if g is not None]
+        largest = [tf.cast(largest_element(v), tf.float64)
+                   for g, v in zip(inputs, getattr(read_state(), average)) if g is not None]
         if not largest:
             return []
         # in float64, compared with float32's maximum: NaN/Inf fail too
         squared = tf.cast(squared_bound(inputs), tf.float64)
-        # 2 * lr bounds the update, 2 * lr * |g| its product lr * g computed first
-        step = 2 * tf.cast(lr(), tf.float64) * tf.maximum(tf.sqrt(squared), 1.0)
-        return [step < FLOAT32_BOUND,
-                tf.reduce_max(tf.stack(largest)) + squared < FLOAT32_BOUND]
+        # 2 * lr / sqrt(scale) bounds the update, lr * |g| its product lr * g computed first
+        step = 2 * tf.cast(lr(), tf.float64) * tf.maximum(tf.sqrt(squared),
+                                                          1 / math.sqrt(scale))
+        new_average = decay * tf.reduce_max(tf.stack(largest)) + scale * squared
+        return [step < FLOAT32_BOUND, new_average < FLOAT32_BOUND]
 
     return prove
+
+
+class _Proof(NamedTuple):
+    provable: Callable[[Any], bool]  # from the config alone
+    build: Callable[[Any], Prove]  # the step's proof, from the config
+    reads_state: bool = False  # one pass over the state, each step
+
+
+_PROOFS: dict[str, _Proof] = {
+    "clip_by_global_norm": _Proof(_clip_provable, _clip_proof),
+    "sgd": _Proof(_sgd_provable, _sgd_proof),
+    "adam": _Proof(_adam_provable, _adam_proof),
+    "adagrad": _Proof(_adagrad_provable,
+                      lambda c: _mean_square_proof(c, "accumulator", 1.0, 1.0),
+                      reads_state=True),
+    "rmsprop": _Proof(_rmsprop_provable,
+                      lambda c: _mean_square_proof(c, "velocity", _float32(c.rho),
+                                                   _float32(1.0 - c.rho)),
+                      reads_state=True),
+}
+#: gradpipe's own transforms whose outputs can be proved finite (their configs permitting)
+PROVED = tuple(_PROOFS)
+#: those whose proof reads their state (one pass over it, each step)
+PROOFS_READING_STATE = tuple(name for name, p in _PROOFS.items() if p.reads_state)
+
+
+def provable(spec: ComponentSpec, config: Any = None) -> bool:
+    """Whether the engine proves ``spec``'s outputs finite (with ``config`` instead of
+    the spec's own, for a learning rate set while training)."""
+    proof = _PROOFS.get(spec.name) if spec.dist == BUILTIN_DIST else None
+    return proof is not None and proof.provable(spec.config if config is None else config)
+
+
+def proof_for(spec: ComponentSpec) -> Prove | None:
+    """The proof of ``spec``'s outputs, or ``None`` (they are checked). Call it in the
+    pipeline's build scope: a scheduled hyperparameter reads the pipeline's step."""
+    return _PROOFS[spec.name].build(spec.config) if provable(spec) else None
