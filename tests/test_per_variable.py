@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import gradpipe
 from conftest import register_transform
-from gradpipe.plugin import Capabilities, Transform, no_state, variable_path
+from gradpipe.plugin import Capabilities, Transform, no_state, variable_path, zeros_like_vars
 
 SHAPES = [(64, 32), (64, 32), (32,), (64, 32), (32,)]
 
@@ -110,6 +110,38 @@ def test_gradients_whose_sum_of_squares_overflows_are_checked_one_by_one(poison,
     changed = [not np.array_equal(v.numpy(), w) for v, w in zip(variables, weights)]
     assert changed == [applied] * len(variables)
     assert (int(pipe.iterations), int(pipe.skipped_steps)) == (int(applied), int(not applied))
+
+
+def test_a_guard_that_reads_its_variable_bounds_it_by_that_variables_state():
+    """A maths that reduces each variable's gradient to a scalar (a norm) gets a guard
+    per variable, compiled, that reads the variable's state itself: a state whose
+    next update overflows (``2 * (2e38 + g)``) skips the step and writes nothing,
+    though the other variable of its shape holds a small one; a small one applies."""
+    def factory(cfg):
+        def update(grads, state, variables):
+            new = [a + g for a, g in zip(state, grads)]
+            return [2.0 * n * (tf.norm(g) / (tf.norm(g) + 1.0))
+                    for n, g in zip(new, grads)], new
+        return Transform(zeros_like_vars, update)
+
+    register_transform("per_variable_norm", factory,
+                       capabilities=Capabilities(update_rule=True))
+    variables = _variables()
+    pipe = gradpipe.build({"transforms": [{"kind": "per_variable_norm"}],
+                           "pipeline": {"jit_compile": True}})
+    pipe.build(variables)
+    assert str(pipe.plan.per_variable).startswith("yes") and "bounded" in pipe.plan.checks[0]
+    step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+    grads = [tf.ones_like(v) for v in variables]
+    state = [v for name, v in pipe.named_variables().items() if name.startswith("slots/")]
+    for large, applied in ((2e38, False), (1e37, True)):
+        for k, v in enumerate(state):
+            v.assign(tf.fill(v.shape, large if k == 1 else 1e37))
+        weights = [v.numpy() for v in variables]
+        assert bool(step(grads)) is applied
+        changed = [not np.array_equal(v.numpy(), w) for v, w in zip(variables, weights)]
+        assert changed == [applied] * len(variables)
+        assert all(np.isfinite(v.numpy()).all() for v in variables + state)
 
 
 def test_a_state_shared_by_all_variables_is_written_once():

@@ -45,12 +45,15 @@ from .writes import assign
 
 class _Guard(NamedTuple):
     """A group's guard: its function, whether it reads each variable's own gradient,
-    state or value (else it runs once for the group), and the recheck of a failed
-    bound (``None`` where no bound is used)."""
+    state or value (else it runs once for the group), the recheck of a failed bound
+    (``None`` where no bound is used), and what the step reads for it: the
+    ``(transform, leaf)`` state intervals and the weights' norm of the group."""
 
     function: Any
     per_variable: bool
     recheck: Any
+    held: frozenset[tuple[int, int]] = frozenset()
+    weights: bool = False
 
 
 class PerVariable:
@@ -83,9 +86,6 @@ class PerVariable:
             self._own.append(own)
         self._apply: list[Any] = []
         self._guards: list[_Guard] = []
-        # (transform, leaf) whose state interval a guard reads (``_held``)
-        self._held_read: set[tuple[int, int]] = set()
-        self._weight_bounds = False  # whether a guard bounds a weight its maths reads
 
     # -- build ----------------------------------------------------------------
 
@@ -122,32 +122,33 @@ class PerVariable:
     def _trace_guard(self, j: int, spec: Any, shared: list[list[Any]]) -> _Guard:
         """The guard of variable ``j``'s group: where it reads nothing of the variable
         (a proof or a bound from the norms the step has), a plain function run once
-        per step, which costs no compile; else compiled, one call per variable."""
+        per step, which costs no compile; else compiled, one call per variable, which
+        reads the norms and ranges of its variable's state and weight itself (in
+        the loops that read them anyway) instead of the step reading its group's."""
         var, own = self._step.state.variables[j], self._own[j]
         scalar = tf.TensorSpec([], tf.float32)
         args = (spec, var, own, shared, scalar, self._interval_specs(j, scalar), [scalar] * 2)
-        body = functools.partial(self._guard_body, self._layouts[j])
-        function = tf.function(body, autograph=False)
-        concrete = function.get_concrete_function(*args)
+        function = tf.function(functools.partial(self._guard_body, self._layouts[j], False),
+                               autograph=False)
+        inputs = function.get_concrete_function(*args).graph.inputs
         used_bounds = self._step.guard.used_bounds
-        inputs = concrete.graph.inputs
-        per_variable = bool(variables_read(concrete.graph.outputs[0], {
-            t.ref(): 0 for t in inputs[:2 + sum(len(leaves) for leaves in own)]}))
-        bounds_at = 2 + sum(len(leaves) for leaves in own) + sum(map(len, shared)) + 1
-        pairs = sum(len(owned) for _, owned in self._layouts[j])
-        weight_at = bounds_at + 2 * pairs
-        for i, (_, owned) in enumerate(self._layouts[j]):  # [lo, hi] per state leaf
-            for k in range(len(owned)):
-                if any(t.consumers() for t in inputs[bounds_at:bounds_at + 2]):
-                    self._held_read.add((i, k))
-                bounds_at += 2
-        self._weight_bounds |= any(t.consumers() for t in inputs[weight_at:weight_at + 2])
-        if per_variable:  # traced again, compiled: it reads each variable's tensors
-            function = tf.function(body, jit_compile=True, autograph=False)
-            function.get_concrete_function(*args)
         recheck = tf.function(functools.partial(self._recheck_body, self._layouts[j]),
                               jit_compile=True, autograph=False) if used_bounds else None
-        return _Guard(function, per_variable, recheck)
+        if variables_read(inputs[0].graph.outputs[0], {
+                t.ref(): 0 for t in inputs[:2 + sum(len(leaves) for leaves in own)]}):
+            function = tf.function(functools.partial(self._guard_body, self._layouts[j], True),
+                                   jit_compile=True, autograph=False)
+            function.get_concrete_function(*args)
+            return _Guard(function, True, recheck)
+        at = 2 + sum(len(leaves) for leaves in own) + sum(map(len, shared)) + 1
+        held = set()
+        for i, (_, owned) in enumerate(self._layouts[j]):  # [lo, hi] per state leaf
+            for k in range(len(owned)):
+                if any(t.consumers() for t in inputs[at:at + 2]):
+                    held.add((i, k))
+                at += 2
+        return _Guard(function, False, recheck, frozenset(held),
+                      any(t.consumers() for t in inputs[at:at + 2]))
 
     def _interval_specs(self, j: int, scalar: Any) -> list[list[list[Any]]]:
         """Per transform, per leaf of variable ``j``'s state: ``[lo, hi]`` of ``scalar``."""
@@ -160,6 +161,7 @@ class PerVariable:
         for a proof, ``[0, largest element]`` (a proof reads only the largest, of a
         state its maths keeps non-negative); zeros where the guard reads no state."""
         proofs, ranged = self._step.guard.proofs, self._step.guard.ranged
+        reads = self._guards[first].held
         held = self._interval_specs(first, tf.constant(0.0))
         for i, (_, owned) in enumerate(self._layouts[first]):
             own, common = 0, 0
@@ -170,7 +172,7 @@ class PerVariable:
                 else:
                     leaves = [shared[i][common]]
                     common += 1
-                if (i, k) not in self._held_read or not leaves[0].dtype.is_floating:
+                if (i, k) not in reads or not leaves[0].dtype.is_floating:
                     continue
                 if proofs[i] is not None:
                     held[i][k] = [tf.constant(0.0), tf.cast(tf.reduce_max(tf.stack(
@@ -228,18 +230,21 @@ class PerVariable:
             return [tf.identity(v) for v in tf.nest.flatten(view.new_shared)] + [
                 tf.constant(True)]
 
-    def _guard_body(self, layouts: Any, g: Any, var: Any, own: Any, shared: Any,
-                    bound: Any, state_bounds: Any, weight_bound: Any) -> Any:
+    def _guard_body(self, layouts: Any, inside: bool, g: Any, var: Any, own: Any,
+                    shared: Any, bound: Any, state_bounds: Any, weight_bound: Any) -> Any:
         """Whether the chain's outputs for ``g`` are finite, from its proofs, bounds and
         checks: the gradient's elements lie within ``bound`` (the root of the step's
         sum of squares), each transform's state within its ``state_bounds`` interval,
         the variable's within ``weight_bound`` (where the maths reads it: then the
-        guard reads nothing of the variable, and runs once for its group)."""
-        view = OneVariableState(var, layouts, own, shared, bounds=state_bounds)
+        guard reads nothing of the variable, and runs once for its group); ``inside``:
+        the state's and the variable's read here instead, for this variable alone."""
+        view = OneVariableState(var, layouts, own, shared,
+                                bounds=None if inside else state_bounds)
         with self._fresh_scope() as known:
             known["bounds"] = {id(g): (g, bound)}
-            handle = tf.compat.v1.get_default_graph().capture(var.handle)
-            known["weights"] = {handle.ref(): Interval(*weight_bound)}
+            if not inside:
+                handle = tf.compat.v1.get_default_graph().capture(var.handle)
+                known["weights"] = {handle.ref(): Interval(*weight_bound)}
             return all_finite(self._step.run_chain([g], guard=True, store=view)[2])
 
     def _recheck_body(self, layouts: Any, g: Any, var: Any, own: Any, shared: Any) -> Any:
@@ -288,9 +293,9 @@ class PerVariable:
         results = []
         for first, members in groups.items():
             held = self._held(first, members, shared)
-            weights = (list(within_norm(sum_of_squares([variables[j] for j in members])))
-                       if self._weight_bounds else [tf.constant(0.0)] * 2)
             guard = self._guards[first]
+            weights = (list(within_norm(sum_of_squares([variables[j] for j in members])))
+                       if guard.weights else [tf.constant(0.0)] * 2)
             for j in members if guard.per_variable else members[:1]:
                 results.append(guard.function(grads[j], variables[j], self._own[j], shared,
                                               bound, held, weights))
