@@ -45,6 +45,17 @@ def _train(transforms: list[dict], jit: object, steps: int = 4) -> tuple[object,
     return pipe, [v.numpy() for v in variables]
 
 
+def _per_variable_plugin(name: str, factory) -> tuple[list, object, object]:
+    """The variables, the pipeline and the step of a third-party rule ``factory``,
+    compiled variable by variable."""
+    register_transform(name, factory, capabilities=Capabilities(update_rule=True))
+    variables = _variables()
+    pipe = gradpipe.build({"transforms": [{"kind": name}], "pipeline": {"jit_compile": True}})
+    pipe.build(variables)
+    assert str(pipe.plan.per_variable).startswith("yes"), pipe.plan
+    return variables, pipe, tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["adamax", "nadam", "rmsprop", "adam"])
 def test_one_function_per_shape_gives_the_plain_paths_and_keras_numbers(kind):
@@ -94,14 +105,7 @@ def test_gradients_whose_sum_of_squares_overflows_are_checked_one_by_one(poison,
         return Transform(no_state, lambda grads, state, variables: (
             [None if g is None else 0.01 * tf.tanh(g) for g in grads], state))
 
-    register_transform("per_variable_tanh", factory,
-                       capabilities=Capabilities(update_rule=True))
-    variables = _variables()
-    pipe = gradpipe.build({"transforms": [{"kind": "per_variable_tanh"}],
-                           "pipeline": {"jit_compile": True}})
-    pipe.build(variables)
-    assert str(pipe.plan.per_variable).startswith("yes"), pipe.plan
-    step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+    variables, pipe, step = _per_variable_plugin("per_variable_tanh", factory)
     weights = [v.numpy() for v in variables]
     grads = [g * 1e30 for g in _gradients(0)]
     if poison is not None:
@@ -124,14 +128,8 @@ def test_a_guard_that_reads_its_variable_bounds_it_by_that_variables_state():
                     for n, g in zip(new, grads)], new
         return Transform(zeros_like_vars, update)
 
-    register_transform("per_variable_norm", factory,
-                       capabilities=Capabilities(update_rule=True))
-    variables = _variables()
-    pipe = gradpipe.build({"transforms": [{"kind": "per_variable_norm"}],
-                           "pipeline": {"jit_compile": True}})
-    pipe.build(variables)
-    assert str(pipe.plan.per_variable).startswith("yes") and "bounded" in pipe.plan.checks[0]
-    step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+    variables, pipe, step = _per_variable_plugin("per_variable_norm", factory)
+    assert "bounded" in pipe.plan.checks[0]
     grads = [tf.ones_like(v) for v in variables]
     state = [v for name, v in pipe.named_variables().items() if name.startswith("slots/")]
     for large, applied in ((2e38, False), (1e37, True)):
