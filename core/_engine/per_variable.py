@@ -164,15 +164,13 @@ class PerVariable:
         reads = self._guards[first].held
         held = self._interval_specs(first, tf.constant(0.0))
         for i, (_, owned) in enumerate(self._layouts[first]):
-            own, common = 0, 0
             for k, mine in enumerate(owned):
-                if mine:
-                    leaves = [self._own[j][i][own].read_value() for j in members]
-                    own += 1
-                else:
-                    leaves = [shared[i][common]]
-                    common += 1
-                if (i, k) not in reads or not leaves[0].dtype.is_floating:
+                if (i, k) not in reads:  # nothing read: no op traced either
+                    continue
+                at = sum(owned[:k]) if mine else k - sum(owned[:k])  # among own or shared
+                leaves = ([self._own[j][i][at].read_value() for j in members] if mine
+                          else [shared[i][at]])
+                if not leaves[0].dtype.is_floating:
                     continue
                 if proofs[i] is not None:
                     held[i][k] = [tf.constant(0.0), tf.cast(tf.reduce_max(tf.stack(
