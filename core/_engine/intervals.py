@@ -286,8 +286,13 @@ def largest_magnitude(a: Interval) -> Any:
 def state_range(tensors: Sequence[Any]) -> Interval:
     """The least and the largest element of ``tensors`` (NaN where one is: a NaN
     fails every check it reaches)."""
-    return Interval(tf.reduce_min(tf.stack([tf.reduce_min(_f(t)) for t in tensors])),
-                    tf.reduce_max(tf.stack([tf.reduce_max(_f(t)) for t in tensors])))
+    return Interval(tf.reduce_min(tf.stack([_f(tf.reduce_min(t)) for t in tensors])),
+                    largest_element_of(tensors))
+
+
+def largest_element_of(tensors: Sequence[Any]) -> Any:
+    """The largest element of ``tensors``, in float32 (one pass over each)."""
+    return tf.reduce_max(tf.stack([_f(tf.reduce_max(t)) for t in tensors]))
 
 
 def within_norm(squared: Any) -> Interval:

@@ -37,7 +37,7 @@ from ..names import variable_path
 from ..tensors import all_finite
 from ..transform import build_scope, squared_norm, sum_of_squares
 from .bounds import held_state
-from .intervals import Interval, state_range, within_norm
+from .intervals import Interval, largest_element_of, state_range, within_norm
 from .one_variable import OneVariableState, one_variable_structure
 from .separable import variables_read
 from .writes import assign
@@ -173,8 +173,7 @@ class PerVariable:
                 if not leaves[0].dtype.is_floating:
                     continue
                 if proofs[i] is not None:
-                    held[i][k] = [tf.constant(0.0), tf.cast(tf.reduce_max(tf.stack(
-                        [tf.reduce_max(t) for t in leaves])), tf.float32)]
+                    held[i][k] = [tf.constant(0.0), largest_element_of(leaves)]
                 else:
                     held[i][k] = list(state_range(leaves) if i in ranged
                                       else held_state(leaves, False)[0])
