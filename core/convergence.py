@@ -169,6 +169,9 @@ def minimize(pipe: Any, loss_fn: Callable[[], Any], var_list: Sequence[Any], max
     criteria = AnyOf(pipe.criteria) if pipe.criteria else None
     skipped_before = int(pipe.skipped_steps.numpy())
 
+    # Traced once, called before the loop and inside it: the step's ops are built
+    # once, not twice (a function call, inlined by TensorFlow's graph optimizer).
+    @tf.function(autograph=False)
     def update() -> tuple[Any, list[Any], list[Any]]:
         loss, grads, params, _ = gradient_step(pipe, loss_fn, variables)
         return loss, grads, params
