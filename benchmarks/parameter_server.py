@@ -29,6 +29,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,12 +57,7 @@ def main() -> int:
     ports = _free_ports(4)
     cluster = {"worker": [f"localhost:{p}" for p in ports[:2]],
                "ps": [f"localhost:{p}" for p in ports[2:]]}
-    flags = ["--workers", *cluster["worker"], "--ps", *cluster["ps"]]
-    servers = [subprocess.Popen([sys.executable, "-m", "gradpipe.cli", "serve", "--job", job,
-                                 "--index", str(i), *flags], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-               for job in ("worker", "ps") for i in range(2)]
-    rows = []
+    rows, servers = [], _serve(cluster, together=args.quick)
     try:
         for name, rule in CASES.items():
             case = {"name": name, "rule": rule, "cluster": cluster, "rows": args.rows,
@@ -85,6 +81,23 @@ def main() -> int:
                 f"steps of {BATCH} bags of {BAG} ids (localhost, {os.cpu_count()} cores)",
                 rows, ("case", "steps/s", "MiB/step", "loss")))
     return 0
+
+
+def _serve(cluster: dict, together: bool) -> list[subprocess.Popen]:
+    """A `gradpipe serve` process per task, as on a real cluster; ``together`` (the
+    smoke run), one process for all four, from a pipeline file listing them."""
+    serve = [sys.executable, "-m", "gradpipe.cli", "serve"]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    if together:
+        pipeline = Path(tempfile.mkdtemp()) / "cluster.toml"
+        pipeline.write_text(f"[placement]\nkind = \"parameter_server\"\n"
+                            f"workers = {json.dumps(cluster['worker'])}\n"
+                            f"ps = {json.dumps(cluster['ps'])}\n\n"
+                            "[[transforms]]\nkind = \"sgd\"\n")
+        return [subprocess.Popen([*serve, str(pipeline)], **quiet)]
+    flags = ["--workers", *cluster["worker"], "--ps", *cluster["ps"]]
+    return [subprocess.Popen([*serve, "--job", job, "--index", str(i), *flags], **quiet)
+            for job in ("worker", "ps") for i in range(2)]
 
 
 def coordinate(case: dict) -> int:

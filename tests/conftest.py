@@ -31,7 +31,11 @@ def _split_cpu() -> None:
         cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(LOGICAL_CPUS)])
 
 
-_split_cpu()
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist's controller runs no test: it need not import TensorFlow (4-5 s of CPU)
+    controller = config.getoption("numprocesses", None) and not hasattr(config, "workerinput")
+    if not controller:
+        _split_cpu()
 
 
 def gradpipe_command(*args, env: dict[str, str] | None = None, cwd=None,

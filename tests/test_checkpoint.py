@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import gradpipe
-from conftest import ROOT
+from conftest import ROOT, gradpipe_command
 from gradpipe import GradpipeError
 
 WORKER = str(ROOT / "tests" / "workers" / "crash_train.py")
@@ -208,7 +208,6 @@ def test_a_checkpoint_of_an_older_state_layout_is_a_loud_error(tmp_path):
         pipe.restore(path)
 
 
-@pytest.mark.slow
 def test_cli_resume_with_another_pipeline_names_the_difference(tmp_path, write_toml):
     """gradpipe run --checkpoint-dir resumes by name; another pipeline's directory is
     a clear error before any step, not a raw traceback or a fresh start."""
@@ -230,11 +229,10 @@ def test_cli_resume_with_another_pipeline_names_the_difference(tmp_path, write_t
         learning_rate = 0.05
         momentum = 0.9
     """, "sgd.toml")
-    run = [sys.executable, "-m", "gradpipe.cli", "run", "--steps", "20",
-           "--checkpoint-dir", ckpt]
-    first = subprocess.run([*run, str(adam)], capture_output=True, text=True, timeout=300)
+    run = ["run", "--steps", "20", "--checkpoint-dir", ckpt]
+    first = gradpipe_command(*run, adam)
     assert first.returncode == 0, first.stderr
-    other = subprocess.run([*run, str(sgd)], capture_output=True, text=True, timeout=300)
+    other = gradpipe_command(*run, sgd)
     assert other.returncode != 0
     assert "written by a different pipeline" in other.stderr
     assert "slots/0_sgd/momentum/x" in other.stderr and "Traceback" not in other.stderr

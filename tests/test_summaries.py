@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import defaultdict
 
 import numpy as np
@@ -69,18 +67,16 @@ def test_unknown_summary_is_a_config_error():
     assert info.value.path == "pipeline.summaries"
 
 
-@pytest.mark.slow
 def test_cli_run_resumes_from_checkpoint_dir(tmp_path, write_toml):
-    from conftest import ROOT
+    from conftest import ROOT, gradpipe_command
 
     example = str(ROOT / "examples" / "quickstart.toml")
-    base = [sys.executable, "-m", "gradpipe.cli", "run", example, "--json",
-            "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "50"]
-    first = subprocess.run([*base, "--steps", "120"], capture_output=True, text=True)
+    base = ["run", example, "--json", "--checkpoint-dir", str(tmp_path / "ck"),
+            "--checkpoint-every", "50"]
+    first = gradpipe_command(*base, "--steps", "120")
     assert first.returncode == 0, first.stderr
-    second = subprocess.run([*base, "--steps", "300"], capture_output=True, text=True)
+    second = gradpipe_command(*base, "--steps", "300")
     summary = json.loads(second.stdout)
     assert summary["resumed_from_step"] == 120 and summary["applied_updates"] == 300
-    straight = subprocess.run([sys.executable, "-m", "gradpipe.cli", "run", example, "--json",
-                               "--steps", "300"], capture_output=True, text=True)
+    straight = gradpipe_command("run", example, "--json", "--steps", "300")
     assert json.loads(straight.stdout)["final_loss"] == summary["final_loss"]
