@@ -11,6 +11,8 @@ checked instead, so a bound never skips a step a check would apply.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import numpy as np
 import pytest
@@ -63,6 +65,23 @@ def _transform(name):
     return kind
 
 
+@functools.cache
+def _bounded_step(name: str, jit: bool):
+    """A pipeline of MATHS[name] on a variable of 3, and its traced step: built once
+    for all examples (each sets the state and weights it starts from)."""
+    kind = _transform(name)
+    var = tf.Variable(np.zeros(3, "f4"))
+    # the plain path bounds a step of 2**20 elements or more (a smaller one is checked,
+    # which costs no more there): a variable of zeros, whose gradient is 0, makes it one
+    padding = [] if jit else [tf.Variable(tf.zeros(1 << 20))]
+    pipe = gradpipe.build({"transforms": [{"kind": kind}],
+                           "pipeline": {"jit_compile": jit}})
+    pipe.build([var, *padding])
+    step = tf.function(lambda g: pipe.apply_gradients(
+        [(g, var), *[(tf.zeros_like(p), p) for p in padding]]))
+    return pipe, [var, *padding], step
+
+
 ELEMENTS = st.sampled_from([0.0, 1e-30, 1.0, -3.0, 60.0, 1e10, 1e19, -1e19, -2e19, 1e38,
                            -3e38])
 
@@ -78,23 +97,17 @@ ELEMENTS = st.sampled_from([0.0, 1e-30, 1.0, -3.0, 60.0, 1e10, 1e19, -1e19, -2e1
 @example(name="difference", jit=True, state=[1e19, 0.0, 0.0], grads=[[-1e19, 0.0, 0.0]])
 @example(name="difference", jit=False, state=[1e19, 0.0, 0.0], grads=[[-1e19, 0.0, 0.0]])
 def test_a_step_is_applied_exactly_when_its_outputs_are_finite(name, jit, state, grads):
-    kind = _transform(name)
-    var = tf.Variable(np.zeros(3, "f4"))
-    # the plain path bounds a step of 2**20 elements or more (a smaller one is checked,
-    # which costs no more there): a variable of zeros, whose gradient is 0, makes it one
-    padding = [] if jit else [tf.Variable(tf.zeros(1 << 20))]
-    pipe = gradpipe.build({"transforms": [{"kind": kind}],
-                           "pipeline": {"jit_compile": jit}})
-    pipe.build([var, *padding])
+    pipe, (var, *padding), step = _bounded_step(name, jit)
     # rms takes the square root of its state, whose sign its norm does not tell: it is
     # bounded from the state's range (its least and largest element) instead
     held = "its state's range" if name == "rms" else "its state's norm"
     assert f"bounded: its traced maths, from its input's norm and {held}" in \
         pipe.plan.checks[0], pipe.plan
-    slot = next(iter(pipe.transform_state(0).values()))
+    slots = list(pipe.transform_state(0).values())
+    for v in [var, *padding, *slots[1:]]:  # zeros, as in a new pipeline
+        v.assign(tf.zeros_like(v))
+    slot = slots[0]
     slot.assign(np.array(state, "f4"))
-    step = tf.function(lambda g: pipe.apply_gradients(
-        [(g, var), *[(tf.zeros_like(p), p) for p in padding]]))
     reference = MATHS[name][1]
     m = np.array(state, "f4")
     with np.errstate(all="ignore"):
