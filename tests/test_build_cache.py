@@ -10,6 +10,7 @@ back through the plan it decides, and asked again once the source changes.
 from __future__ import annotations
 
 import json
+import textwrap
 
 import pytest
 
@@ -99,3 +100,39 @@ def test_an_empty_cache_folder_keeps_nothing_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert "its state's range" in _range_plan(0.0124)
     assert not list(tmp_path.rglob("*"))
+
+
+LOWERED = """
+    import sys
+    import tensorflow as tf
+    import gradpipe
+
+    for size in map(int, sys.argv[1:]):
+        pipe = gradpipe.build({"transforms": [{"kind": "adagrad"}]})  # "auto": XLA tried
+        pipe.build([tf.Variable(tf.zeros([size]))])
+        print(pipe.plan.compile)
+"""
+
+
+@pytest.mark.slow
+def test_whether_xla_lowers_a_trace_is_read_back_for_that_very_trace(fake_dists, tmp_path):
+    """A build lowers each function it would compile to XLA; the answer is kept for
+    that trace, and only for it: a variable of another shape is another trace."""
+    cache = tmp_path / "cache"
+    env = {"GRADPIPE_CACHE_DIR": str(cache)}
+
+    def plans(*sizes: int) -> list[str]:
+        result = fake_dists.run(f"import sys; sys.argv[1:] = {list(map(str, sizes))}\n"
+                                + textwrap.dedent(LOWERED), env=env)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout.splitlines()
+
+    assert all(line.startswith("yes: ") for line in plans(20_000, 30_000))
+    path, answers = _answers(cache)
+    assert list(answers.values()) == ["", ""]  # both traces lower
+    # an answer the lowering would not give, to see that the next process uses it
+    path.write_text(json.dumps(dict.fromkeys(answers, "transform adagrad failed to "
+                                                     "compile: planted")))
+    first, again, other = plans(20_000, 30_000, 40_000)
+    assert first == again == 'no: "auto": transform adagrad failed to compile: planted'
+    assert other.startswith("yes: ")

@@ -17,6 +17,11 @@ modification times) of every package outside site-packages whose code the
 transform's update reaches through its closures (a plugin or gradpipe
 installed editable, a script): editing the maths asks again. A file that
 cannot be read or written is ignored.
+
+Whether XLA lowers a traced function (``xla_trial``) is kept too, keyed by a
+digest of the traced graph itself, its inputs' shapes and types, the devices
+and ``TF_XLA_FLAGS``: the same graph lowers the same way, so that answer is
+exact.
 """
 
 from __future__ import annotations
@@ -64,7 +69,17 @@ _VERSIONS = [_gradpipe_version(), tf.__version__, sys.version, _analysis_code()]
 def remembered(parts: tuple[Any, ...], code: Any, compute: Callable[[], str]) -> str:
     """``compute()``, or the answer kept for ``parts`` (reprs that name the maths)
     and the source of ``code`` (the transform's update)."""
-    key = _key(parts, code)
+    return _remember(_key(parts, code), compute)
+
+
+def remembered_for(question: str, digest: str, compute: Callable[[], str]) -> str:
+    """``compute()``, or the answer kept for ``question`` about what ``digest``
+    describes whole (a traced graph's, ``trace_digest``): nothing else can change it."""
+    text = json.dumps([question, digest, _VERSIONS])
+    return _remember(hashlib.sha256(text.encode()).hexdigest(), compute)
+
+
+def _remember(key: str, compute: Callable[[], str]) -> str:
     if key not in _IN_MEMORY:
         stored = _read().get(key)
         if isinstance(stored, str):

@@ -11,11 +11,15 @@ plain step.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from typing import Any
 
 import tensorflow as tf
 
 from ..transform import build_scope
+from .answers import remembered_for
 from .plan import Plan, kernel_idle
 
 # Random ops, stateful or not (after the prefix): XLA draws other numbers than TF's
@@ -43,10 +47,17 @@ def compiled_or_why_not(function: Any, args: tuple[Any, ...], names: dict[str, s
                         ) -> str:
     """Lower ``function`` (``jit_compile=True``) for ``args`` to XLA: "" if it compiles
     and gives what the plain step gives, else why not, naming the transform
-    (``names``: name scope -> transform). The trace is the one the step reuses."""
+    (``names``: name scope -> transform). The trace is the one the step reuses; the
+    answer is remembered for that trace (a restart lowers nothing it lowered)."""
     draws = random_draws(function, args, names)
     if draws:
         return draws
+    digest = trace_digest(function.get_concrete_function(*args))
+    return remembered_for("xla-lowers", digest, lambda: _lowers_or_why_not(function, args,
+                                                                           names))
+
+
+def _lowers_or_why_not(function: Any, args: tuple[Any, ...], names: dict[str, str]) -> str:
     try:
         _lower(function, args)
     except Exception as exc:  # XLA reports unsupported ops as ValueError/InvalidArgument
@@ -93,6 +104,47 @@ def one_kernel_alone(step: Any, plan: Plan) -> bool:
     passes = [op for op in graph.get_operations() if any(
         t.dtype.is_floating and t.shape == var.shape for t in op.inputs)]
     return len(passes) == 1
+
+
+def trace_digest(concrete: Any) -> str:
+    """A digest of everything XLA's lowering of ``concrete`` reads: its graph and
+    the graphs it calls (their names, which hold a per-process counter, replaced by
+    their digests), its inputs' and captured variables' shapes and types, the
+    devices and ``TF_XLA_FLAGS``. Equal digests lower alike."""
+    digest = hashlib.sha256(json.dumps([
+        repr(concrete.structured_input_signature),
+        [(v.dtype.name, v.shape.as_list()) for v in concrete.variables],
+        sorted({d.device_type for d in tf.config.list_logical_devices()}),
+        os.environ.get("TF_XLA_FLAGS", "")]).encode())
+    _digest_graph(concrete.graph, digest, {})
+    return digest.hexdigest()
+
+
+def _digest_graph(graph: Any, digest: Any, done: dict[str, str]) -> None:
+    library = getattr(graph, "_functions", {})
+
+    def called(name: str) -> str:
+        if name not in done:
+            inner = hashlib.sha256()
+            traced = getattr(library.get(name), "graph", None)
+            if traced is not None:
+                _digest_graph(traced, inner, done)
+            else:  # not traced here: only its name can tell it apart
+                inner.update(name.encode())
+            done[name] = inner.hexdigest()
+        return done[name]
+
+    for op in graph.get_operations():
+        node = op.node_def
+        for value in node.attr.values():
+            if value.HasField("func"):
+                value.func.name = called(value.func.name)
+            for function in value.list.func:
+                function.name = called(function.name)
+        # control inputs come in a set's order, which changes from process to process
+        data = [i for i in node.input if not i.startswith("^")]
+        node.input[:] = data + sorted(i for i in node.input if i.startswith("^"))
+        digest.update(node.SerializeToString(deterministic=True))
 
 
 def _all_ops(graph: Any) -> list[Any]:
