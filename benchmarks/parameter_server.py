@@ -57,7 +57,8 @@ def main() -> int:
     ports = _free_ports(4)
     cluster = {"worker": [f"localhost:{p}" for p in ports[:2]],
                "ps": [f"localhost:{p}" for p in ports[2:]]}
-    rows, servers = [], _serve(cluster, together=args.quick)
+    scratch = tempfile.TemporaryDirectory()  # the smoke run's cluster file, removed after
+    rows, servers = [], _serve(cluster, Path(scratch.name) if args.quick else None)
     try:
         for name, rule in CASES.items():
             case = {"name": name, "rule": rule, "cluster": cluster, "rows": args.rows,
@@ -77,19 +78,20 @@ def main() -> int:
     finally:
         for server in servers:
             server.kill()
+        scratch.cleanup()
     print(table(f"{args.rows:,} x {args.dim} table over 2 servers, 2 workers, {args.steps} "
                 f"steps of {BATCH} bags of {BAG} ids (localhost, {os.cpu_count()} cores)",
                 rows, ("case", "steps/s", "MiB/step", "loss")))
     return 0
 
 
-def _serve(cluster: dict, together: bool) -> list[subprocess.Popen]:
-    """A `gradpipe serve` process per task, as on a real cluster; ``together`` (the
-    smoke run), one process for all four, from a pipeline file listing them."""
+def _serve(cluster: dict, folder: Path | None) -> list[subprocess.Popen]:
+    """A `gradpipe serve` process per task, as on a real cluster; given a ``folder``
+    (the smoke run), one process for all four, from a pipeline file written there."""
     serve = [sys.executable, "-m", "gradpipe.cli", "serve"]
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    if together:
-        pipeline = Path(tempfile.mkdtemp()) / "cluster.toml"
+    if folder is not None:
+        pipeline = folder / "cluster.toml"
         pipeline.write_text(f"[placement]\nkind = \"parameter_server\"\n"
                             f"workers = {json.dumps(cluster['worker'])}\n"
                             f"ps = {json.dumps(cluster['ps'])}\n\n"
