@@ -207,6 +207,27 @@ def test_the_plan_names_what_leaves_a_transform_checked():
     np.testing.assert_array_equal(var.numpy(), np.full([4, 4], -2.0))
 
 
+@pytest.mark.parametrize("table, found", [
+    ({"kind": "adamax"}, "bounded: its traced maths, from its input's norm and its "
+                         "state's norm"),
+    # the rate a scalar the maths reads from a schedule; the root of a running mean of
+    # squares, which only the state's range keeps from below 0
+    ({"kind": "adamw", "learning_rate": "@lr"}, "bounded: its traced maths, from its "
+                                                "input's norm and its state's range"),
+    # its factored moment may round to 0 under a gradient of 0 (see test_keras_rules_advanced)
+    ({"kind": "adafactor"}, "checked: one sum over its updates and new state (its bounds "
+                            "fail on ordinary values, even from its state's range)"),
+])
+def test_the_build_finds_how_a_rule_is_bounded(table, found):
+    """The build runs each rule's traced maths once on ordinary values, and computes
+    the bounds from what it reads there: how the plan guards each rule."""
+    pipe = gradpipe.build({"transforms": [table], "pipeline": {"jit_compile": True},
+                           "schedules": {"lr": {"kind": "CosineDecay", "decay_steps": 10,
+                                                "initial_learning_rate": 0.1}}})
+    pipe.build([tf.Variable(np.zeros(3, "f4")), tf.Variable(np.zeros([2, 3], "f4"))])
+    assert f"{table['kind']} at transforms[0]: {found}" in str(pipe.plan)
+
+
 @pytest.mark.parametrize("jit", [True, False])
 def test_a_checked_product_that_overflows_is_skipped(jit):
     """A checked transform whose update is a finite value times a constant that

@@ -1,7 +1,7 @@
 """The build's analyses of a transform's maths, remembered across processes.
 
 A build finds out how a transform's outputs are known finite by tracing its
-maths (``guard.how_bounded``: 0.3 to 1 s for an adaptive rule, on every
+maths (``guard.how_bounded``: 0.05 to 0.2 s for an adaptive rule, on every
 start of a script). The answer depends only on that maths, so it is kept: in
 this process, and in a small JSON file in the cache folder, so that a script
 restarted twenty times a day pays for it once. The folder is

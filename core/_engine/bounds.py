@@ -40,15 +40,19 @@ class Bounded(NamedTuple):
     magnitudes: dict[int, Any]  # id(output) -> a bound of its largest magnitude
 
 
-def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval]) -> Bounded:
+def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval],
+                  values: dict[Any, Any] | None = None) -> Bounded:
     """Bounds of ``outputs`` (tensors traced in the current graph) from the intervals
     ``known`` of their inputs (``tensor.ref()`` -> Interval); raises ``Unbounded``.
     A read of a variable whose interval the step gave (``shared["weights"]``, by
-    handle) takes it; any other lies within its own norm.
+    handle) takes it; any other lies within its own norm. With ``values``
+    (``intervals.taken_as_values``' tensors -> their values, computed already) and
+    ``known`` computed too, the bounds are computed now, outside ``outputs``' graph.
 
     Operations of the same kind on the same intervals share one interval, so a
     transform's maths repeated for each variable costs its scalar ops once."""
     memo: dict[Any, Interval] = dict(known)
+    values = values or {}
     weights = current_context().shared.get("weights", {})  # variable handle -> Interval
     same: dict[tuple[Any, ...], Interval] = {}
     required: list[Any] = []
@@ -87,7 +91,7 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval]) -> Bounded
                 key += tuple(id(i) for i in given)
             found = same.get(key) if key is not None else None
             if found is None:
-                found, domain = interval_of(x, given, memo)
+                found, domain = interval_of(x, given, memo, values)
                 required += domain
                 if key is not None:
                     same[key] = found
@@ -95,8 +99,8 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval]) -> Bounded
             if x.dtype.is_floating:
                 check(found, x.dtype)
             stack.pop()
-    for limit, values in ends.items():  # compared one by one: a NaN fails
-        required.append(tf.reduce_all(tf.stack(values) < limit))
+    for limit, each in ends.items():  # compared one by one: a NaN fails
+        required.append(tf.reduce_all(tf.stack(each) < limit))
     magnitudes = {id(i): largest_magnitude(i) for i in (memo[t.ref()] for t in outputs)}
     return Bounded(required, {id(t): magnitudes[id(memo[t.ref()])] for t in outputs})
 

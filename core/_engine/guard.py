@@ -21,7 +21,7 @@ from ..tensors import all_finite
 from ..transform import BuildContext, build_scope
 from .answers import remembered
 from .bounds import bound_outputs, held_state, record_bounds, squared_bound
-from .intervals import Unbounded, within_norm
+from .intervals import Unbounded, taken_as_values, within_norm
 from .proofs import Prove
 from .step_ops import finite_outputs
 
@@ -95,7 +95,9 @@ def bounded_outputs(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
 
 
 def _bounded(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
-             ranged: bool) -> list[Any]:
+             ranged: bool, values: dict[Any, Any] | None = None) -> list[Any]:
+    """``bounded_outputs``' scalars; with ``values`` (``bound_outputs``: the inputs,
+    old state, scalars and weight reads computed already), computed now."""
     leaves = [t for t in tf.nest.flatten(state) if isinstance(t, (tf.Tensor, tf.Variable))]
     before = [t for t in tf.nest.flatten(old) if isinstance(t, tf.Tensor)
               and t.dtype.is_floating]
@@ -104,20 +106,17 @@ def _bounded(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
     if any(isinstance(t, (tf.IndexedSlices, tf.Variable)) for t in
            [*present, *results, *tf.nest.flatten(old)]):
         raise Unbounded("sparse gradients or state")
+    value = (lambda t: values.get(t.ref(), t)) if values else (lambda t: t)
     known = {}
     if present:
-        gradients = within_norm(squared_bound(inputs))
+        gradients = within_norm(squared_bound([value(g) for g in present]))
         known = {g.ref(): gradients for g in present}
     if before:  # one read of the state, unless the step has read it already
-        known.update({t.ref(): held for t, held in zip(before, held_state(before, ranged))})
-    bounded = bound_outputs(results, known)
+        held = held_state([value(t) for t in before], ranged)
+        known.update({t.ref(): interval for t, interval in zip(before, held)})
+    bounded = bound_outputs(results, known, values)
     record_bounds(bounded.magnitudes, outputs)
     return bounded.required
-
-
-def _bind(probe: Callable[..., Any], ranged: bool) -> Callable[[Any, Any], Any]:
-    """``probe`` with ``ranged`` fixed, taking only what a traced function takes."""
-    return lambda grads, state: probe(grads, state, ranged)
 
 
 #: how a transform's maths is bounded: from its state's norm, or from its range
@@ -133,11 +132,12 @@ def maths_key(spec: PipelineSpec, i: int) -> tuple[Any, ...]:
 
 def how_bounded(transform: Any, context: Any, key: tuple[Any, ...]) -> str:
     """``BY_NORM`` or ``BY_RANGE`` where the engine bounds ``transform``'s maths, else
-    why not: its update traced once for two small variables and run on ordinary
-    values (unit gradients, a state of 0.5, weights from -0.5 to 0.5), its state
-    held within its norm, and else within its range (its least and largest
-    element, one more pass over it: what proves the square root of a running
-    mean of squares, which the norm cannot). Where both fail even there, every
+    why not: its update traced once for two small variables and run once on
+    ordinary values (unit gradients, a state of 0.5, weights from -0.5 to 0.5) for
+    the scalars and weights it reads, and its bounds computed from those values
+    (0.05 to 0.2 s), its state held within its norm, and else within its range
+    (its least and largest element, one more pass over it: what proves the square
+    root of a running mean of squares, which the norm cannot). Where both fail even there, every
     step would be checked after all, and the transform is checked from the start.
     The answer is found once for ``key`` (``maths_key``) and the update's code, and
     remembered across processes (``answers``). It only picks the guard's mode:
@@ -150,20 +150,16 @@ def _how_bounded(transform: Any, context: Any) -> str:
     # weights of either sign, as trained ones are (a rule may read them)
     variables = [tf.Variable(tf.linspace(-0.5, 0.5, 3), name="probe/bias"),
                  tf.Variable(tf.reshape(tf.linspace(-0.5, 0.5, 6), [2, 3]), name="probe/kernel")]
-    found: list[str] = []
+    traced: dict[str, Any] = {}
 
-    def probe(grads: list[Any], state: Any, ranged: bool = False) -> Any:
+    def update(grads: list[Any], state: Any) -> list[Any]:
         with build_scope(context):
             context.shared.clear()
             outputs, new = transform.update(list(grads), state, variables)
-            try:
-                required = _bounded(list(grads), state, list(outputs), new, ranged)
-            except Unbounded as exc:
-                found.append(str(exc))
-                return tf.constant(False)
-            return all_finite(required)
+        traced.update(grads=list(grads), state=state, outputs=list(outputs), new=new)
+        traced["taken"] = taken_as_values([*outputs, *tf.nest.flatten(new)])
+        return traced["taken"]
 
-    holds = {}
     try:
         with build_scope(context):
             state = tf.nest.map_structure(tf.convert_to_tensor, transform.init(variables))
@@ -173,19 +169,27 @@ def _how_bounded(transform: Any, context: Any) -> str:
         grads = [tf.ones(v.shape, v.dtype) for v in variables]
         specs = ([tf.TensorSpec.from_tensor(g) for g in grads],
                  tf.nest.map_structure(tf.TensorSpec.from_tensor, held))
-        # the range only where the norm fails (it costs one more pass per step); each a
-        # concrete function, called as such: a new tf.function traced and called on
-        # every build would have TensorFlow warn of retracing
-        for ranged in (False, True):
-            holds[ranged] = bool(tf.function(_bind(probe, ranged), autograph=False
-                                             ).get_concrete_function(*specs)(grads, held))
-            if holds[ranged] or found:
-                break
+        # Run for only the scalars and weights its maths reads; the bounds are then
+        # computed eagerly from those values: a graph of their few scalar ops each
+        # took 3x longer to build and run than the eager ops take, twice where the
+        # norm fails and the range is tried (it costs one more pass per step)
+        concrete = tf.function(update, autograph=False).get_concrete_function(*specs)
+        taken = concrete(grads, held) if traced["taken"] else []
+        values = {t.ref(): v for t, v in zip(traced["taken"], taken)}
+        values.update((t.ref(), v) for t, v in zip(traced["grads"], grads))
+        values.update((t.ref(), v) for t, v in zip(tf.nest.flatten(traced["state"]),
+                                                   tf.nest.flatten(held)))
+        for ranged, answer in ((False, BY_NORM), (True, BY_RANGE)):
+            with build_scope(context):
+                context.shared.clear()
+                required = _bounded(traced["grads"], traced["state"], traced["outputs"],
+                                    traced["new"], ranged, values)
+            if bool(all_finite(required)):
+                return answer
+    except Unbounded as exc:
+        return str(exc)
     except Exception as exc:  # a transform that cannot be traced so is checked
         return f"its update could not be traced for bounds ({type(exc).__name__})"
     finally:
         context.shared.clear()
-    if found:
-        return found[0]
-    return BY_NORM if holds.get(False) else BY_RANGE if holds.get(True) else (
-        "its bounds fail on ordinary values, even from its state's range")
+    return "its bounds fail on ordinary values, even from its state's range"

@@ -253,25 +253,47 @@ def _constant_range(x: Any) -> tuple[float, float]:
     return (float(value.min()), float(value.max())) if value.size else (0.0, 0.0)
 
 
-def _interval(x: Any, given: list[Interval]) -> tuple[Interval, list[Any]]:
+def _interval(x: Any, given: list[Interval], values: dict[Any, Any]
+              ) -> tuple[Interval, list[Any]]:
     if x.op.type == "Const":
         lo, hi = _constant_range(x)
         point = tf.constant(lo, tf.float32)
         return Interval(point, point if hi == lo else tf.constant(hi, tf.float32)), []
     if x.shape.num_elements() == 1:
-        value = _f(tf.reshape(x, []))
+        value = _f(tf.reshape(values.get(x.ref(), x), []))
         return Interval(value, value), []
-    if x.op.type == "ReadVariableOp":  # one more pass over the weight: its norm, one
-        return within_norm(sum_of_squares([x])), []  # op where its range takes two
+    if x.op.type == "ReadVariableOp":  # a weight: its norm, one pass where a range takes two
+        return within_norm(sum_of_squares([values.get(x.ref(), x)])), []
     return _RULES[x.op.type][1](x.op, *given)
 
 
-def interval_of(x: Any, given: list[Interval], memo: dict[Any, Interval]
-                ) -> tuple[Interval, list[Any]]:
+def interval_of(x: Any, given: list[Interval], memo: dict[Any, Interval],
+                values: dict[Any, Any]) -> tuple[Interval, list[Any]]:
     """``x``'s interval (float32 ends) from its inputs' ``given`` ones (``memo``: every
-    interval known so far), and the conditions its operation's domain needs."""
-    computed, domain = _lerp(x, memo) or _interval(x, given)
+    interval known so far), and the conditions its operation's domain needs. A
+    scalar or a weight read in ``values`` (``tensor.ref()`` -> its value, computed
+    already) takes that value in its place."""
+    computed, domain = _lerp(x, memo) or _interval(x, given, values)
     return Interval(_f(computed.lo), _f(computed.hi)), domain
+
+
+def taken_as_values(tensors: Sequence[Any]) -> list[Any]:
+    """The tensors that ``tensors``' intervals take as their own values (the scalars
+    and the weight reads they are computed from, not constants): given their values,
+    the analysis needs no graph of its own (``interval_of``)."""
+    found, seen = [], set()
+    stack = [t for t in tensors if isinstance(t, tf.Tensor)]
+    while stack:
+        x = stack.pop()
+        if x.ref() in seen or x.op.type == "Const":
+            continue
+        seen.add(x.ref())
+        if x.shape.num_elements() == 1 or x.op.type == "ReadVariableOp":
+            if x.dtype.is_floating or x.dtype.is_integer:
+                found.append(x)
+            continue
+        stack.extend(x.op.inputs)
+    return found
 
 
 def limit_of(dtype: Any) -> float:
