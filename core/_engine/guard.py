@@ -109,7 +109,8 @@ def _bounded(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
     value = (lambda t: values.get(t.ref(), t)) if values else (lambda t: t)
     known = {}
     if present:
-        gradients = within_norm(squared_bound([value(g) for g in present]))
+        # the same list as the step's (its norm is recorded under its tensors' ids)
+        gradients = within_norm(squared_bound([g if g is None else value(g) for g in inputs]))
         known = {g.ref(): gradients for g in present}
     if before:  # one read of the state, unless the step has read it already
         held = held_state([value(t) for t in before], ranged)
@@ -137,8 +138,9 @@ def how_bounded(transform: Any, context: Any, key: tuple[Any, ...]) -> str:
     the scalars and weights it reads, and its bounds computed from those values
     (0.05 to 0.2 s), its state held within its norm, and else within its range
     (its least and largest element, one more pass over it: what proves the square
-    root of a running mean of squares, which the norm cannot). Where both fail even there, every
-    step would be checked after all, and the transform is checked from the start.
+    root of a running mean of squares, which the norm cannot). Where both fail even
+    there, every step would be checked after all, and the transform is checked from
+    the start.
     The answer is found once for ``key`` (``maths_key``) and the update's code, and
     remembered across processes (``answers``). It only picks the guard's mode:
     each step's bounds are traced from the step's own maths, and fall back to a
