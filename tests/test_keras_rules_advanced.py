@@ -440,7 +440,8 @@ def test_schedule_free_default_differs_from_keras_tf_only_by_the_momentum_read()
     assert max(np.abs(a - e).max() for a, e in zip(other_paper, paper)) > 1e-3
 
 
-def test_adafactor_skips_the_step_keras_turns_to_nan():
+@pytest.mark.parametrize("jit", [False, True])  # compiled: a guard per variable
+def test_adafactor_skips_the_step_keras_turns_to_nan(jit):
     """A matrix gradient with a row and a column of zeros (an input that was 0 in the
     batch, a unit that never fired): Keras's factored moment ``r / mean(r) * c`` is
     about 1e-60 there, which rounds to 0, and ``0 / sqrt(0)`` makes the clipped update
@@ -452,7 +453,8 @@ def test_adafactor_skips_the_step_keras_turns_to_nan():
     keras_var, var = (tf.Variable(np.full([4, 3], 0.5, "f4")) for _ in range(2))
     keras.optimizers.Adafactor(0.01).apply_gradients([(tf.constant(grads), keras_var)])
     assert np.isnan(keras_var.numpy()).all()
-    pipe = gradpipe.build({"transforms": [{"kind": "adafactor", "learning_rate": 0.01}]})
+    pipe = gradpipe.build({"transforms": [{"kind": "adafactor", "learning_rate": 0.01}],
+                           "pipeline": {"jit_compile": jit}})
     assert not bool(pipe.apply_gradients([(tf.constant(grads), var)]))
     np.testing.assert_array_equal(var.numpy(), np.full([4, 3], 0.5, "f4"))
     assert int(pipe.skipped_steps.numpy()) == 1

@@ -36,6 +36,12 @@ class Guard:
         # whether the chain traced last used a bound (``chain_finite`` then rechecks)
         self.used_bounds = False
 
+    @property
+    def checks_some(self) -> bool:
+        """Whether some transform's outputs are checked (no proof, no bound): a guard
+        then computes them, from each variable's own gradient and state."""
+        return any(p is None and i not in self.bounded for i, p in enumerate(self.proofs))
+
     def outputs_finite(self, i: int, inputs: list[Any], old: Any, outputs: list[Any],
                        state: Any, bounds: bool) -> list[Any]:
         """Scalars under which transform ``i``'s outputs are finite: its proof's, the

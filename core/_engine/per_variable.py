@@ -124,22 +124,24 @@ class PerVariable:
         (a proof or a bound from the norms the step has), a plain function run once
         per step, which costs no compile; else compiled, one call per variable, which
         reads the norms and ranges of its variable's state and weight itself (in
-        the loops that read them anyway) instead of the step reading its group's."""
+        the loops that read them anyway) instead of the step reading its group's.
+        Where a transform is checked, the guard computes its outputs, so reads the
+        variable's own: it is traced compiled only."""
         var, own = self._step.state.variables[j], self._own[j]
         scalar = tf.TensorSpec([], tf.float32)
         args = (spec, var, own, shared, scalar, self._interval_specs(j, scalar), [scalar] * 2)
+        compiled = tf.function(functools.partial(self._guard_body, self._layouts[j], True),
+                               jit_compile=True, autograph=False)
+        if self._step.guard.checks_some:  # a check reads the variable's own: no plain trace
+            compiled.get_concrete_function(*args)
+            return _Guard(compiled, True, self._recheck(j))
         function = tf.function(functools.partial(self._guard_body, self._layouts[j], False),
                                autograph=False)
         inputs = function.get_concrete_function(*args).graph.inputs
-        used_bounds = self._step.guard.used_bounds
-        recheck = tf.function(functools.partial(self._recheck_body, self._layouts[j]),
-                              jit_compile=True, autograph=False) if used_bounds else None
         if variables_read(inputs[0].graph.outputs[0], {
                 t.ref(): 0 for t in inputs[:2 + sum(len(leaves) for leaves in own)]}):
-            function = tf.function(functools.partial(self._guard_body, self._layouts[j], True),
-                                   jit_compile=True, autograph=False)
-            function.get_concrete_function(*args)
-            return _Guard(function, True, recheck)
+            compiled.get_concrete_function(*args)
+            return _Guard(compiled, True, self._recheck(j))
         at = 2 + sum(len(leaves) for leaves in own) + sum(map(len, shared)) + 1
         held = set()
         for i, (_, owned) in enumerate(self._layouts[j]):  # [lo, hi] per state leaf
@@ -147,8 +149,16 @@ class PerVariable:
                 if any(t.consumers() for t in inputs[at:at + 2]):
                     held.add((i, k))
                 at += 2
-        return _Guard(function, False, recheck, frozenset(held),
+        return _Guard(function, False, self._recheck(j), frozenset(held),
                       any(t.consumers() for t in inputs[at:at + 2]))
+
+    def _recheck(self, j: int) -> Any:
+        """The guard of variable ``j``'s group without bounds, for a step where one
+        fails (``None`` where the chain uses no bound)."""
+        if not self._step.guard.used_bounds:
+            return None
+        return tf.function(functools.partial(self._recheck_body, self._layouts[j]),
+                           jit_compile=True, autograph=False)
 
     def _interval_specs(self, j: int, scalar: Any) -> list[list[list[Any]]]:
         """Per transform, per leaf of variable ``j``'s state: ``[lo, hi]`` of ``scalar``."""
