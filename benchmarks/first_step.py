@@ -1,7 +1,7 @@
 """Time to the first step: gradpipe against Keras, every rule, each case a fresh process.
 
     python benchmarks/first_step.py [--rules adam,nadam] [--models dense,transformer]
-                                    [--quick]
+                                    [--rounds 3] [--quick]
 
 What a user who restarts a script waits for before training runs:
 
@@ -20,7 +20,9 @@ against Keras ``Adam``. Each case runs in a fresh process: nothing either
 side traced or compiled before is reused, except what gradpipe keeps in its
 cache folder (``GRADPIPE_CACHE_DIR``): the pipeline runs first with an empty
 one, then again as a restarted script does (``--quick``, a smoke run of the
-code at tiny sizes, runs them in this one).
+code at tiny sizes, runs them in this one). ``--rounds N`` runs every case N
+times, interleaved, and gives each case's median: a transformer's first epoch
+varies by a third from one process to the next on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -157,13 +160,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rules", default=",".join(RULES))
     parser.add_argument("--models", default="dense,transformer")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each case (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
     parser.add_argument("--case", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         print(case(*args.case))
         return 0
-    rules = args.rules.split(",")
+    rules, rounds = args.rules.split(","), 1 if args.quick else args.rounds
     if args.quick:  # a smoke run: one rule, the plugin, each through every path
         rules = rules[:1] + (["adabelief"] if "adabelief" in rules[1:] else [])
     quick = "1" if args.quick else "0"
@@ -172,10 +176,15 @@ def main() -> int:
         for model in args.models.split(","):
             for rule in rules:
                 # the first start finds the maths' analyses; a restart reads them back
-                cache = str(Path(caches) / f"{model}-{rule}")
-                first = run_case([rule, model, "gradpipe", quick], cache)
-                ours = run_case([rule, model, "gradpipe", quick], cache)
-                theirs = run_case([rule, model, "keras", quick])
+                runs: dict[str, list[float]] = {}
+                for n in range(rounds):
+                    cache = str(Path(caches) / f"{model}-{rule}-{n}")
+                    for side, kept in (("first", cache), ("restart", cache), ("keras", "")):
+                        runs.setdefault(side, []).append(run_case(
+                            [rule, model, "keras" if side == "keras" else "gradpipe",
+                             quick], kept))
+                first, ours, theirs = (statistics.median(runs[side])
+                                       for side in ("first", "restart", "keras"))
                 check = (f"{run_case([rule, model, 'check', quick], cache):.2f}"
                          if model == "dense" and not (args.quick and rows) else "")
                 rows.append((model, rule, f"{first:.2f}", f"{ours:.2f}", f"{theirs:.2f}",

@@ -309,6 +309,23 @@ def test_auto_falls_back_with_the_reason_where_xla_fails():
     assert np.allclose(variables[0].numpy(), 1.0 - 0.01 * 0.5)
 
 
+def test_auto_lowers_again_each_shape_whose_maths_differs():
+    """"auto" lowers a function once for the shapes it traces alike to, and again
+    for a shape whose trace differs: a transform XLA cannot compile for vectors
+    alone (numpy for rank 1) keeps the plain path, though the matrices' lowered."""
+    def halve_vectors_in_numpy(grads, state, variables):
+        return [g * 0.5 if g.shape.rank > 1 else
+                tf.numpy_function(lambda x: x * 0.5, [g], tf.float32, stateful=False)
+                for g in grads], state
+
+    pipe, variables = _plan_of_third_party("halves_vectors_in_numpy", halve_vectors_in_numpy)
+    assert str(pipe.plan.per_variable).startswith("no"), pipe.plan
+    assert pipe.plan.compile.reason.startswith(
+        '"auto": transform halves_vectors_in_numpy failed to compile: ')
+    assert bool(pipe.apply_gradients(zip([tf.ones(v.shape) for v in variables], variables)))
+    assert np.allclose(variables[1].numpy(), 1.0 - 0.01 * 0.5)
+
+
 def test_random_draws_keep_the_plain_path_unless_xla_is_forced():
     """XLA draws other random numbers than TF's kernels: "auto" does not compile a
     transform that draws any, so the draws never depend on the variables' sizes."""

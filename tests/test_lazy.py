@@ -307,3 +307,33 @@ def test_a_transform_written_for_dense_gradients_gets_dense_ones():
     assert plan_row(pipe.plan, "by rows").endswith(
         "made dense before the step: plain_momentum_for_rows at transforms[0] fails on "
         "one (TypeError), so it gets dense gradients")
+
+
+def test_a_rule_that_keeps_rows_but_needs_every_gradient_keeps_them():
+    """Whether the chain keeps rows is asked of it with the sparse gradients alone,
+    the dense ones absent (one variable's maths traced, not every one's); a rule that
+    reads every gradient fails so, and is asked again with all of them: its rows stay
+    rows, as they did before the engine asked the shorter question."""
+    from conftest import register_transform
+    from gradpipe.plugin import Capabilities, Transform, no_state
+
+    def rows_over_the_count_of_gradients(cfg):
+        def update(grads, state, variables):
+            count = tf.cast(tf.add_n([tf.size(g.values if isinstance(g, tf.IndexedSlices)
+                                              else g) for g in grads]), tf.float32)
+            return [tf.IndexedSlices(g.values / count, g.indices, g.dense_shape)
+                    if isinstance(g, tf.IndexedSlices) else g / count for g in grads], state
+
+        return Transform(no_state, update)
+
+    register_transform("rows_over_the_count", rows_over_the_count_of_gradients,
+                       capabilities=Capabilities(update_rule=True))
+    table, bias = tf.Variable(table_start()), tf.Variable(tf.zeros([DIM]))
+    pipe = gradpipe.build({"transforms": [{"kind": "rows_over_the_count"}]})
+    grads = [sparse([[1.0, 2.0, 3.0]], [2]), tf.ones([DIM])]
+    assert bool(pipe.apply_gradients(zip(grads, [table, bias])))
+    # one row of 3 and a bias of 3: 6 elements (made dense, the table's 21 would count)
+    expected = table_start()
+    expected[2] -= np.array([1.0, 2.0, 3.0]) / 6
+    np.testing.assert_allclose(table.numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(bias.numpy(), np.full(DIM, -1 / 6), rtol=1e-6)

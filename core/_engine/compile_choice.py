@@ -60,7 +60,9 @@ def compile_choices(plan: Plan, step: Any, transforms: list[Any], context: Any, 
         plan = attrs.evolve(plan, per_variable=Choice(False, why_not))
         trials = [(step.compiled, _whole_step_arguments(step.state))]
     if spec.options.jit_compile == "auto":
-        why = next((w for f, args in trials if (w := compiled_or_why_not(f, args, names))), "")
+        lowered: set[str] = set()
+        why = next((w for f, args in trials
+                    if (w := compiled_or_why_not(f, args, names, lowered))), "")
         if why:
             step.per_variable = None
             return uncompiled(plan, f'"auto": {why}')

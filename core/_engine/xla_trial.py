@@ -43,18 +43,27 @@ def random_draws(function: Any, args: tuple[Any, ...], names: dict[str, str]) ->
     return ""
 
 
-def compiled_or_why_not(function: Any, args: tuple[Any, ...], names: dict[str, str]
-                        ) -> str:
+def compiled_or_why_not(function: Any, args: tuple[Any, ...], names: dict[str, str],
+                        lowered: set[str]) -> str:
     """Lower ``function`` (``jit_compile=True``) for ``args`` to XLA: "" if it compiles
     and gives what the plain step gives, else why not, naming the transform
     (``names``: name scope -> transform). The trace is the one the step reuses; the
-    answer is remembered for that trace (a restart lowers nothing it lowered)."""
+    answer is remembered for that trace (a restart lowers nothing it lowered).
+    ``lowered``: the shapeless digests of the build's functions that lowered; one
+    that differs from them only in its tensors' shapes lowers alike, so is not
+    lowered again (a transformer's ten shapes: 0.1 s each for an adaptive rule)."""
     draws = random_draws(function, args, names)
     if draws:
         return draws
-    digest = trace_digest(function.get_concrete_function(*args))
-    return remembered_for("xla-lowers", digest, lambda: _lowers_or_why_not(function, args,
-                                                                           names))
+    concrete = function.get_concrete_function(*args)
+    shapeless = trace_digest(concrete, shapes=False)
+    if shapeless in lowered:
+        return ""
+    why = remembered_for("xla-lowers", trace_digest(concrete),
+                         lambda: _lowers_or_why_not(function, args, names))
+    if not why:
+        lowered.add(shapeless)
+    return why
 
 
 def _lowers_or_why_not(function: Any, args: tuple[Any, ...], names: dict[str, str]) -> str:
@@ -106,21 +115,28 @@ def one_kernel_alone(step: Any, plan: Plan) -> bool:
     return len(passes) == 1
 
 
-def trace_digest(concrete: Any) -> str:
+def trace_digest(concrete: Any, shapes: bool = True) -> str:
     """A digest of everything XLA's lowering of ``concrete`` reads: its graph and
     the graphs it calls (their names, which hold a per-process counter, replaced by
     their digests), its inputs' and captured variables' shapes and types, the
-    devices and ``TF_XLA_FLAGS``. Equal digests lower alike."""
+    devices and ``TF_XLA_FLAGS``. Equal digests lower alike. Without ``shapes``:
+    the same with every shape and constant left out."""
+    signature = (repr(concrete.structured_input_signature) if shapes else
+                 [s.dtype.name if hasattr(s, "dtype") else repr(s)
+                  for s in tf.nest.flatten(concrete.structured_input_signature)])
     digest = hashlib.sha256(json.dumps([
-        repr(concrete.structured_input_signature),
-        [(v.dtype.name, v.shape.as_list()) for v in concrete.variables],
+        signature,
+        [(v.dtype.name, v.shape.as_list() if shapes else None) for v in concrete.variables],
         sorted({d.device_type for d in tf.config.list_logical_devices()}),
         os.environ.get("TF_XLA_FLAGS", "")]).encode())
-    _digest_graph(concrete.graph, digest, {})
+    _digest_graph(concrete.graph, digest, {}, shapes)
     return digest.hexdigest()
 
 
-def _digest_graph(graph: Any, digest: Any, done: dict[str, str]) -> None:
+_SHAPE_ATTRS = ("_output_shapes", "shape", "output_shapes")
+
+
+def _digest_graph(graph: Any, digest: Any, done: dict[str, str], shapes: bool) -> None:
     library = getattr(graph, "_functions", {})
 
     def called(name: str) -> str:
@@ -128,7 +144,7 @@ def _digest_graph(graph: Any, digest: Any, done: dict[str, str]) -> None:
             inner = hashlib.sha256()
             traced = getattr(library.get(name), "graph", None)
             if traced is not None:
-                _digest_graph(traced, inner, done)
+                _digest_graph(traced, inner, done, shapes)
             else:  # not traced here: only its name can tell it apart
                 inner.update(name.encode())
             done[name] = inner.hexdigest()
@@ -136,6 +152,10 @@ def _digest_graph(graph: Any, digest: Any, done: dict[str, str]) -> None:
 
     for op in graph.get_operations():
         node = op.node_def
+        if not shapes:
+            for key in (*_SHAPE_ATTRS, *(("value",) if node.op == "Const" else ())):
+                if key in node.attr:
+                    del node.attr[key]
         for value in node.attr.values():
             if value.HasField("func"):
                 value.func.name = called(value.func.name)
