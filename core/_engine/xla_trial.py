@@ -121,11 +121,13 @@ def trace_digest(concrete: Any, shapes: bool = True) -> str:
     their digests), its inputs' and captured variables' shapes and types, the
     devices and ``TF_XLA_FLAGS``. Equal digests lower alike. Without ``shapes``:
     the same with every shape and constant left out."""
-    signature = (repr(concrete.structured_input_signature) if shapes else
-                 [s.dtype.name if hasattr(s, "dtype") else repr(s)
-                  for s in tf.nest.flatten(concrete.structured_input_signature)])
+    def text(arg: Any) -> str:  # a Keras variable's spec prints its address: its type
+        if not hasattr(arg, "dtype"):
+            return type(arg).__name__
+        return repr(arg) if shapes else f"{type(arg).__name__}({arg.dtype.name})"
+
     digest = hashlib.sha256(json.dumps([
-        signature,
+        repr(tf.nest.map_structure(text, concrete.structured_input_signature)),
         [(v.dtype.name, v.shape.as_list() if shapes else None) for v in concrete.variables],
         sorted({d.device_type for d in tf.config.list_logical_devices()}),
         os.environ.get("TF_XLA_FLAGS", "")]).encode())
