@@ -134,16 +134,16 @@ class PerVariable:
         var, own = self._step.state.variables[j], self._own[j]
         scalar = tf.TensorSpec([], tf.float32)
         args = (spec, var, own, shared, scalar, self._interval_specs(j, scalar), [scalar] * 2)
-        compiled = tf.function(functools.partial(self._guard_body, self._layouts[j], True),
-                               jit_compile=True, autograph=False)
-        if self._step.guard.checks_some or not plain:  # reads the variable's own
-            compiled.get_concrete_function(*args)
-            return _Guard(compiled, True, self._recheck(j))
-        function = tf.function(functools.partial(self._guard_body, self._layouts[j], False),
-                               autograph=False)
-        inputs = function.get_concrete_function(*args).graph.inputs
-        if variables_read(inputs[0].graph.outputs[0], {
-                t.ref(): 0 for t in inputs[:2 + sum(len(leaves) for leaves in own)]}):
+        reads_own = self._step.guard.checks_some or not plain
+        if not reads_own:
+            function = tf.function(functools.partial(self._guard_body, self._layouts[j],
+                                                     False), autograph=False)
+            inputs = function.get_concrete_function(*args).graph.inputs
+            reads_own = bool(variables_read(inputs[0].graph.outputs[0], {
+                t.ref(): 0 for t in inputs[:2 + sum(len(leaves) for leaves in own)]}))
+        if reads_own:
+            compiled = tf.function(functools.partial(self._guard_body, self._layouts[j], True),
+                                   jit_compile=True, autograph=False)
             compiled.get_concrete_function(*args)
             return _Guard(compiled, True, self._recheck(j))
         at = 2 + sum(len(leaves) for leaves in own) + sum(map(len, shared)) + 1

@@ -49,7 +49,8 @@ def chain_keeps_rows(chain: Chain, grads: list[Any], dtypes: list[Any]) -> bool:
     67, 0.3 to 1 s of its first step), and for all of them where a transform cannot
     take that."""
     sparse_only = [g if isinstance(g, tf.IndexedSlices) else None for g in grads]
-    for given in (sparse_only, grads):
+    some_dense = any(g is not None and not isinstance(g, tf.IndexedSlices) for g in grads)
+    for given in (sparse_only, grads)[:1 + some_dense]:  # no dense one: one list, once
         try:
             return _returns_rows(chain, given, dtypes)
         except Exception:  # a chain that needs every gradient: given them all
