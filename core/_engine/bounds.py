@@ -29,6 +29,7 @@ from .intervals import (
     interval_of,
     largest_magnitude,
     limit_of,
+    same_value,
     state_range,
     structure,
     within_norm,
@@ -49,12 +50,14 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval],
     (``intervals.taken_as_values``' tensors -> their values, computed already) and
     ``known`` computed too, the bounds are computed now, outside ``outputs``' graph.
 
-    Operations of the same kind on the same intervals share one interval, so a
-    transform's maths repeated for each variable costs its scalar ops once."""
+    Operations of the same kind on the same intervals share one interval, and so do
+    scalars of the same value (``same_value``), so a transform's maths repeated for
+    each variable costs its scalar ops once."""
     memo: dict[Any, Interval] = dict(known)
     values = values or {}
     weights = current_context().shared.get("weights", {})  # variable handle -> Interval
     same: dict[tuple[Any, ...], Interval] = {}
+    scalars: dict[Any, Any] = {}  # same_value's keys
     required: list[Any] = []
     ends: dict[float, list[Any]] = {}  # limit -> each interval's lo and hi
     checked: set[tuple[int, float]] = set()
@@ -82,6 +85,8 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval],
                 stack.pop()
                 continue
             key, deps = structure(x)
+            if key is None and x.shape.num_elements() == 1:
+                key = ("scalar", same_value(x, scalars))
             missing = [d for d in deps if d.ref() not in memo]
             if missing:
                 stack.extend(missing)
@@ -101,7 +106,10 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval],
             stack.pop()
     for limit, each in ends.items():  # compared one by one: a NaN fails
         required.append(tf.reduce_all(tf.stack(each) < limit))
-    magnitudes = {id(i): largest_magnitude(i) for i in (memo[t.ref()] for t in outputs)}
+    magnitudes: dict[int, Any] = {}  # one per distinct interval: most outputs share one
+    for interval in (memo[t.ref()] for t in outputs):
+        if id(interval) not in magnitudes:
+            magnitudes[id(interval)] = largest_magnitude(interval)
     return Bounded(required, {id(t): magnitudes[id(memo[t.ref()])] for t in outputs})
 
 

@@ -223,6 +223,32 @@ def structure(x: Any) -> tuple[tuple[Any, ...] | None, list[Any]]:
     return (x.op.type, x.dtype, reduced), _value_inputs(x.op)
 
 
+# stateless operations whose scalar result depends on their inputs' values alone
+_PURE = frozenset(("Cast", "Identity", "Neg", "AddV2", "Add", "Sub", "Mul", "RealDiv", "Div",
+                   "DivNoNan", "Maximum", "Minimum", "Sqrt", "Rsqrt", "Square", "Pow", "Exp",
+                   "Log", "Reciprocal", "Abs", "Reshape", "Sign", "Floor", "Ceil"))
+
+
+def same_value(x: Any, keys: dict[Any, Any]) -> Any:
+    """A key that two scalars share where they are the same value: constants, and the
+    same pure operations of such (a rule's ``1 - beta`` is computed again for each
+    variable: without this, each variable's maths would be a new walk). ``keys``
+    memoizes it by tensor; a scalar of any other origin is its own key."""
+    if x.ref() in keys:
+        return keys[x.ref()]
+    op = x.op
+    key: Any = ("own", x.ref())
+    if op.type == "Const":
+        key = ("Const", x.dtype.name, tuple(x.shape.as_list()),
+               np.asarray(tf.get_static_value(x)).tobytes())
+    elif op.type in _PURE and not op.control_inputs and all(
+            i.shape.num_elements() == 1 for i in op.inputs):
+        key = (op.type, x.dtype.name, tuple(x.shape.as_list()),
+               tuple(same_value(i, keys) for i in op.inputs))
+    keys[x.ref()] = key
+    return key
+
+
 def _lerp(x: Any, memo: dict[Any, Interval]) -> tuple[Interval, list[Any]] | None:
     """``a + (b - a) * c``, ``c`` a scalar in [0, 1] (Keras's EMA), lies between ``a``
     and ``b``, which the sum's rule loses (``a`` appears twice: a mean of squares

@@ -18,6 +18,7 @@ rate goes through :meth:`LearningRate.set`; the variable is never handed out.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import attrs
@@ -58,14 +59,30 @@ class LearningRate:
         self._rules = _rules(spec)
         self.initial, self.reason = _shared_constant(self._rules)
         self.variable: Any = None
+        self._reads: Any = weakref.WeakKeyDictionary()  # graph -> the rate's read in it
 
     def for_build(self, t: ComponentSpec) -> tuple[ComponentSpec, SettableRate | None]:
         """The spec to build ``t`` from: a rule's number becomes one that reads the
         variable (made by ``create_variable``) when ``hyper()`` turns it into a callable."""
         if self.initial is None or t not in self._rules:
             return t, None
-        rate = SettableRate(t.config.learning_rate, lambda: self.variable.read_value())
+        rate = SettableRate(t.config.learning_rate, self._read)
         return attrs.evolve(t, config=attrs.evolve(t.config, learning_rate=rate)), rate
+
+    def _read(self) -> Any:
+        """The rate, read once per traced graph: every variable's maths then takes the
+        same tensor, which the bounds analysis meets once, not once per variable (the
+        rate is set between steps, never during one)."""
+        import tensorflow as tf
+
+        replicas = tf.distribute.get_replica_context()
+        if tf.executing_eagerly() or (replicas is not None and replicas.num_replicas_in_sync > 1):
+            return self.variable.read_value()  # each replica reads its own copy
+        graph = tf.compat.v1.get_default_graph()
+        if graph not in self._reads:
+            with tf.control_dependencies(None):  # usable anywhere in the graph
+                self._reads[graph] = self.variable.read_value()
+        return self._reads[graph]
 
     def create_variable(self, built: list[tuple[ComponentSpec, SettableRate | None]]) -> Any:
         """Create the variable once the rules are built (call it in the strategy's
