@@ -125,14 +125,21 @@ def test_a_step_is_applied_exactly_when_its_outputs_are_finite(name, jit, state,
                 np.testing.assert_array_equal(var.numpy(), before[1])
 
 
-@pytest.mark.parametrize("jit", [True, False])
-def test_a_state_too_large_for_its_bound_is_checked_instead(jit):
+@pytest.mark.parametrize("jit, after", [(True, []), (False, []), (False, ["sgd"]),
+                                        (False, ["clip_by_value"])])
+def test_a_state_too_large_for_its_bound_is_checked_instead(jit, after):
     """One element of 1.9e19: the state's sum of squares overflows, so its norm bounds
-    nothing; the chain is then checked, finds every output finite and applies."""
+    nothing; the chain is then checked, finds every output finite and applies. On the
+    plain path the check reads the outputs the step computed for its writes, unless a
+    transform after the bounded one is proved from its bound (``sgd``): the chain is
+    then traced again without bounds."""
     kind = _transform("ema")
     n = 1000 if jit else 1 << 20  # bounded on the plain path from 2**20 elements
     var = tf.Variable(np.zeros(n, "f4"))
-    pipe = gradpipe.build({"transforms": [{"kind": kind}], "loss_scale": {"kind": "dynamic"},
+    limits = {"clip_by_value": {"clip_value_min": -1.0, "clip_value_max": 1.0}}
+    pipe = gradpipe.build({"transforms": [{"kind": kind}, *({"kind": k, **limits.get(k, {})}
+                                                            for k in after)],
+                           "loss_scale": {"kind": "dynamic"},
                            "pipeline": {"jit_compile": jit}})
     pipe.build([var])
     assert "bounded" in pipe.plan.checks[0], pipe.plan

@@ -35,6 +35,9 @@ class Guard:
         self.ranged = set(ranged)  # bounded from their state's range, not its norm
         # whether the chain traced last used a bound (``chain_finite`` then rechecks)
         self.used_bounds = False
+        # per transform of the chain traced last: how its outputs were known finite
+        # ("proved", "bounded" or "checked"), its scalars, its outputs and new state
+        self.seen: list[tuple[str, list[Any], list[Any], Any]] = []
 
     @property
     def checks_some(self) -> bool:
@@ -49,12 +52,32 @@ class Guard:
         its updates and new state."""
         prove = self.proofs[i]
         required = prove(inputs, lambda: old) if prove is not None else None
+        kind = "proved"
         if required is None and bounds and i in self.bounded:
             required = bounded_outputs(inputs, old, outputs, state, i in self.ranged)
             self.used_bounds |= required is not None
+            kind = "bounded"
         if required is None:
-            required = [finite_outputs(outputs, tf.nest.flatten(state))]
+            required, kind = [finite_outputs(outputs, tf.nest.flatten(state))], "checked"
+        self.seen.append((kind, required, outputs, state))
         return required
+
+    @staticmethod
+    def checked_from_outputs(seen: list[tuple[str, list[Any], list[Any], Any]]
+                             ) -> list[Any] | None:
+        """The scalars a recheck without bounds gives for a traced chain (``seen``), from
+        the outputs that trace computed: each transform from the first bounded one on
+        checked, the proofs before it as they are. ``None`` where a transform after a
+        bounded one is proved: its proof may read that bound, so the chain is traced again.
+        Only for a step whose outputs exist before its verdict anyway (the plain
+        step's, whose writes take them): no copy of the maths is traced."""
+        first = next((k for k, each in enumerate(seen) if each[0] == "bounded"), None)
+        if first is None or any(each[0] == "proved" for each in seen[first + 1:]):
+            return None
+        return [t for _, required, _, _ in seen[:first] for t in required] + [
+            required[0] if kind == "checked" else
+            finite_outputs(outputs, tf.nest.flatten(state))
+            for kind, required, outputs, state in seen[first:]]
 
     def proved(self, i: int, inputs: list[Any], read_state: Callable[[], Any]
                ) -> list[Any]:

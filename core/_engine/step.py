@@ -207,7 +207,7 @@ class Step:
         store, or one variable's view of it."""
         store = self.state if store is None else store
         variables = store.variables
-        self.guard.used_bounds = False
+        self.guard.used_bounds, self.guard.seen = False, []
         updates, new_states, required = list(grads), {}, []
         for i, (spec, transform) in enumerate(zip(self.spec.transforms, self.transforms)):
             if (only is not None and i not in only) or (skip and i in skip):
@@ -237,11 +237,18 @@ class Step:
         return updates, new_states, required
 
     def rechecked(self, required: list[Any], inputs: Callable[[], list[Any]],
-                  skip: set[int], last: Callable[[list[Any]], list[Any]] | None = None
-                  ) -> list[Any]:
+                  skip: set[int], last: Callable[[list[Any]], list[Any]] | None = None,
+                  outputs_kept: bool = False) -> list[Any]:
         """``required`` as one scalar; where a bound among it fails, the chain (and
-        ``last`` on its result) is checked again without bounds, from ``inputs()``."""
-        def recheck() -> list[Any]:
+        ``last`` on its result) is checked again without bounds, from ``inputs()``;
+        with ``outputs_kept`` (the step keeps the outputs of the chain just traced
+        for its writes), from those outputs where that is exact."""
+        seen, self.guard.seen = self.guard.seen, []  # the chain just traced
+
+        def recheck() -> list[Any]:  # traced in the branch that runs where a bound fails
+            from_outputs = self.guard.checked_from_outputs(seen) if outputs_kept else None
+            if from_outputs is not None:
+                return from_outputs
             given, _, again = self.run_chain(inputs(), skip=skip, guard=True, bounds=False)
             return again + (last(given) if last else [])
 
@@ -261,7 +268,8 @@ class Step:
             return self._update_in_place(grads, finite)
         updates, new_states, required = self.run_chain(grads, skip=self._pre_reduce,
                                                         guard=True)
-        required = self.rechecked(required, lambda: grads, self._pre_reduce)
+        required = self.rechecked(required, lambda: grads, self._pre_reduce,
+                                  outputs_kept=True)
         checks = required if finite is None else [finite, *required]
 
         def commit() -> tf.Tensor:
