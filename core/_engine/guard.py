@@ -87,12 +87,14 @@ class Guard:
         scalars = prove(inputs, read_state) if prove is not None else None
         return scalars if scalars is not None else [tf.constant(False)]
 
-    def chain_finite(self, required: list[Any], recheck: Callable[[], list[Any]]
+    def chain_finite(self, required: list[Any], recheck: Callable[[], list[Any]],
+                     kept: list[tuple[str, list[Any], list[Any], Any]] | None = None
                      ) -> tf.Tensor:
         """Whether the chain's outputs are finite, from ``required`` (its transforms'
         proofs, bounds and checks); where a bound was among them and fails, from
         ``recheck()``, the chain traced again without bounds in a branch that only
-        then runs."""
+        then runs, or from the outputs the step keeps (``kept``: the chain's ``seen``)
+        where ``checked_from_outputs`` can."""
         ok = all_finite(required)
         if not self.used_bounds:
             return ok
@@ -101,7 +103,8 @@ class Guard:
         def checked() -> tf.Tensor:
             saved = {k: dict(v) if isinstance(v, dict) else v for k, v in shared.items()}
             try:  # what the recheck records belongs to its branch's graph
-                return all_finite(recheck())
+                again = self.checked_from_outputs(kept) if kept else None
+                return all_finite(again if again is not None else recheck())
             finally:
                 shared.clear()
                 shared.update(saved)

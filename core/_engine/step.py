@@ -1,18 +1,16 @@
 """What one step does, along the paths the plan chose.
 
-``Step.apply`` reduces the gradients across replicas and hands them to the
-traced step: plain, or compiled (``plan.compile``: one XLA function, or one per
-variable, ``gradpipe._engine.per_variable``). The step unscales,
-checks finiteness in the same pass that yields the global norm, updates the
-loss scale, and runs the chain and the assignments under one guard, so a
-skipped step changes nothing (the user guide's "What one step does").
+``Step.apply`` reduces the gradients across replicas and hands them to the traced
+step: plain, or compiled (``plan.compile``: one XLA function, or one per variable,
+``gradpipe._engine.per_variable``). The step unscales, checks finiteness in the
+same pass that yields the global norm, updates the loss scale, and runs the chain
+and the assignments under one guard, so a skipped step changes nothing.
 
-The guard (:mod:`gradpipe._engine.guard`) knows every transform's outputs
-finite before the first write: proved, bounded or checked. Compiled, the step
-has no conditional but the rare recheck where a bound fails: the chain runs,
-the engine keeps each transform's state where the step is skipped and drops
-the updates there, so XLA fuses computation and assignment and copies
-nothing. benchmarks/HISTORY.md measures each path.
+The guard (:mod:`gradpipe._engine.guard`) knows every transform's outputs finite
+before the first write: proved, bounded or checked. Compiled, the step has no
+conditional but the rare recheck where a bound fails: the chain runs, the engine
+keeps each transform's state where the step is skipped and drops the updates
+there, so XLA fuses computation and assignment and copies nothing.
 """
 
 from __future__ import annotations
@@ -239,20 +237,15 @@ class Step:
     def rechecked(self, required: list[Any], inputs: Callable[[], list[Any]],
                   skip: set[int], last: Callable[[list[Any]], list[Any]] | None = None,
                   outputs_kept: bool = False) -> list[Any]:
-        """``required`` as one scalar; where a bound among it fails, the chain (and
-        ``last`` on its result) is checked again without bounds, from ``inputs()``;
-        with ``outputs_kept`` (the step keeps the outputs of the chain just traced
-        for its writes), from those outputs where that is exact."""
-        seen, self.guard.seen = self.guard.seen, []  # the chain just traced
+        """``required`` as one scalar; where a bound fails, the chain (and ``last``) is
+        checked without bounds from ``inputs()``, or from the outputs it keeps."""
+        kept, self.guard.seen = self.guard.seen if outputs_kept else None, []
 
-        def recheck() -> list[Any]:  # traced in the branch that runs where a bound fails
-            from_outputs = self.guard.checked_from_outputs(seen) if outputs_kept else None
-            if from_outputs is not None:
-                return from_outputs
+        def recheck() -> list[Any]:
             given, _, again = self.run_chain(inputs(), skip=skip, guard=True, bounds=False)
             return again + (last(given) if last else [])
 
-        return [self.guard.chain_finite(required, recheck)] if required else []
+        return [self.guard.chain_finite(required, recheck, kept)] if required else []
 
     # -- plain path --------------------------------------------------------
 
@@ -268,8 +261,7 @@ class Step:
             return self._update_in_place(grads, finite)
         updates, new_states, required = self.run_chain(grads, skip=self._pre_reduce,
                                                         guard=True)
-        required = self.rechecked(required, lambda: grads, self._pre_reduce,
-                                  outputs_kept=True)
+        required = self.rechecked(required, lambda: grads, self._pre_reduce, outputs_kept=True)
         checks = required if finite is None else [finite, *required]
 
         def commit() -> tf.Tensor:
