@@ -25,6 +25,10 @@ from .intervals import Unbounded, taken_as_values, within_norm
 from .proofs import Prove
 from .step_ops import finite_outputs
 
+#: how a traced transform's outputs were known finite ("proved", "bounded" or
+#: "checked"), the scalars that say so, its outputs and its new state
+Seen = tuple[str, list[Any], list[Any], Any]
+
 
 class Guard:
     """The finite guarantee of one pipeline's chain, while a step is traced."""
@@ -35,9 +39,7 @@ class Guard:
         self.ranged = set(ranged)  # bounded from their state's range, not its norm
         # whether the chain traced last used a bound (``chain_finite`` then rechecks)
         self.used_bounds = False
-        # per transform of the chain traced last: how its outputs were known finite
-        # ("proved", "bounded" or "checked"), its scalars, its outputs and new state
-        self.seen: list[tuple[str, list[Any], list[Any], Any]] = []
+        self.seen: list[Seen] = []  # per transform of the chain traced last
 
     @property
     def checks_some(self) -> bool:
@@ -63,13 +65,12 @@ class Guard:
         return required
 
     @staticmethod
-    def checked_from_outputs(seen: list[tuple[str, list[Any], list[Any], Any]]
-                             ) -> list[Any] | None:
+    def checked_from_outputs(seen: list[Seen]) -> list[Any] | None:
         """The scalars a recheck without bounds gives for a traced chain (``seen``), from
         the outputs that trace computed: each transform from the first bounded one on
         checked, the proofs before it as they are. ``None`` where a transform after a
-        bounded one is proved: its proof may read that bound, so the chain is traced again.
-        Only for a step whose outputs exist before its verdict anyway (the plain
+        bounded one is proved: its proof may read that bound, so the chain is traced
+        again. Only for a step whose outputs exist before its verdict anyway (the plain
         step's, whose writes take them): no copy of the maths is traced."""
         first = next((k for k, each in enumerate(seen) if each[0] == "bounded"), None)
         if first is None or any(each[0] == "proved" for each in seen[first + 1:]):
@@ -88,8 +89,7 @@ class Guard:
         return scalars if scalars is not None else [tf.constant(False)]
 
     def chain_finite(self, required: list[Any], recheck: Callable[[], list[Any]],
-                     kept: list[tuple[str, list[Any], list[Any], Any]] | None = None
-                     ) -> tf.Tensor:
+                     kept: list[Seen] | None = None) -> tf.Tensor:
         """Whether the chain's outputs are finite, from ``required`` (its transforms'
         proofs, bounds and checks); where a bound was among them and fails, from
         ``recheck()``, the chain traced again without bounds in a branch that only
