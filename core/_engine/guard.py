@@ -37,9 +37,12 @@ class Guard:
                  ranged: tuple[int, ...], context: BuildContext) -> None:
         self.proofs, self.bounded, self.context = proofs, set(bounded), context
         self.ranged = set(ranged)  # bounded from their state's range, not its norm
-        # whether the chain traced last used a bound (``chain_finite`` then rechecks)
-        self.used_bounds = False
         self.seen: list[Seen] = []  # per transform of the chain traced last
+
+    @property
+    def used_bounds(self) -> bool:
+        """Whether the chain traced last used a bound (``chain_finite`` then rechecks)."""
+        return any(kind == "bounded" for kind, *_ in self.seen)
 
     @property
     def checks_some(self) -> bool:
@@ -57,7 +60,6 @@ class Guard:
         kind = "proved"
         if required is None and bounds and i in self.bounded:
             required = bounded_outputs(inputs, old, outputs, state, i in self.ranged)
-            self.used_bounds |= required is not None
             kind = "bounded"
         if required is None:
             required, kind = [finite_outputs(outputs, tf.nest.flatten(state))], "checked"

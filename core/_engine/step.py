@@ -205,7 +205,7 @@ class Step:
         store, or one variable's view of it."""
         store = self.state if store is None else store
         variables = store.variables
-        self.guard.used_bounds, self.guard.seen = False, []
+        self.guard.seen = []
         updates, new_states, required = list(grads), {}, []
         for i, (spec, transform) in enumerate(zip(self.spec.transforms, self.transforms)):
             if (only is not None and i not in only) or (skip and i in skip):
@@ -239,7 +239,7 @@ class Step:
                   outputs_kept: bool = False) -> list[Any]:
         """``required`` as one scalar; where a bound fails, the chain (and ``last``) is
         checked without bounds from ``inputs()``, or from the outputs it keeps."""
-        kept, self.guard.seen = self.guard.seen if outputs_kept else None, []
+        kept = self.guard.seen if outputs_kept else None  # the chain just traced
 
         def recheck() -> list[Any]:
             given, _, again = self.run_chain(inputs(), skip=skip, guard=True, bounds=False)
