@@ -138,7 +138,6 @@ def test_whether_xla_lowers_a_trace_is_read_back_for_that_very_trace(fake_dists,
     assert other.startswith("yes: ")
 
 
-
 def _fit_two_dense_layers() -> str:
     import keras
     import numpy as np
