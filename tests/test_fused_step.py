@@ -676,8 +676,10 @@ def test_the_compiled_step_is_one_loop_per_array_it_writes():
 
 
 def _buffer(variable: tf.Variable) -> int:
-    """Address of the buffer behind ``variable`` (read without a copy, then dropped)."""
-    return variable.value().numpy().__array_interface__["data"][0]
+    """Address of the buffer behind ``variable``: ``np.asarray`` views the read
+    tensor's memory, which aliases the variable's (``Tensor.numpy()`` would copy it,
+    and compare where the allocator put each copy)."""
+    return np.asarray(variable.value()).__array_interface__["data"][0]
 
 
 def test_compiled_steps_update_variables_and_slots_in_their_own_buffers():
