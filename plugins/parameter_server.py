@@ -116,8 +116,8 @@ def _wait_for(cluster: dict[str, list[str]], timeout: float) -> None:
                 f"placement 'parameter_server': no answer from {missing} after "
                 f"{timeout:g} s. Start each with `gradpipe serve FILE --job JOB --index I` "
                 "(or all on this machine with `gradpipe serve FILE`)")
-        if waiting:
-            time.sleep(0.5)
+        if waiting:  # servers take seconds to start: a short poll wastes none of it
+            time.sleep(0.1)
 
 
 def _resolver(cfg: ParameterServerConfig) -> Any:
