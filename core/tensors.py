@@ -5,6 +5,7 @@ TensorFlow is imported inside each function: importing this module stays fast.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -125,6 +126,20 @@ def all_finite(tensors: Sequence[Any]) -> Any:
               else tf.reduce_all(tf.math.is_finite(t)) if xla
               else tf.math.is_finite(tf.reduce_sum(t * 0))
               for t in (slice_values(t) for t in tensors if t is not None)]
-    if len(checks) == 1 and checks[0].shape.rank == 0:  # no stack, no second reduce
-        return checks[0]
-    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+    return all_true(checks)
+
+
+def all_true(flags: Sequence[Any]) -> Any:
+    """One bool scalar: every one of ``flags`` (bool tensors) is true everywhere."""
+    import tensorflow as tf
+
+    if len(flags) == 1 and flags[0].shape.rank == 0:  # no stack, no second reduce
+        return flags[0]
+    if not flags:
+        return tf.constant(True)
+    if in_xla_function():
+        # A chain of ands, which XLA fuses into one loop: a stack of scalars made it
+        # emit (and compile) a kernel for each, the bulk of a bounded guard's compile
+        return functools.reduce(tf.logical_and, [f if f.shape.rank == 0 else
+                                                 tf.reduce_all(f) for f in flags])
+    return tf.reduce_all(tf.stack(flags))

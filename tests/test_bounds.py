@@ -319,3 +319,19 @@ def test_a_rule_repeated_for_each_variable_is_bounded_once():
     guarded, unguarded = ops_per_variable(True), ops_per_variable(False)
     # the maths and its writes, the maths again in the recheck, a few captures
     assert guarded <= 2 * unguarded + 4, (guarded, unguarded)
+
+
+def test_a_compiled_verdict_folds_its_comparisons_into_one_loop():
+    """Under XLA the guard's scalar comparisons (each interval's ends against their
+    dtype's limit, each check) are one chain of ands, which XLA fuses into one loop.
+    Stacked into a vector, each scalar became a kernel of its own to generate and
+    compile: a compiled step of clipping and Lamb over 7 variables had 529 kernels
+    instead of 288, and Lamb's first step over 10 shapes compiled for 5.7 s, not 3.0."""
+    shapes = [(120, 16), (16, 4, 4), (24,)]
+    variables = [tf.Variable(tf.random.normal(s, seed=i)) for i, s in enumerate(shapes)]
+    grads = [tf.random.normal(s, seed=100 + i) for i, s in enumerate(shapes)]
+    pipe = gradpipe.build({"pipeline": {"jit_compile": True}, "transforms": [
+        {"kind": "clip_by_global_norm", "clip_norm": 1.0}, {"kind": "lamb"}]})
+    pipe.build(variables)
+    assert "lamb at transforms[1]: bounded" in str(pipe.plan)
+    assert "concatenate(" not in pipe.compiled_hlo(zip(grads, variables))

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -150,12 +149,9 @@ def test_listing_and_checking_do_not_import_tensorflow(command):
             for a in command]
     code = ("import sys; from gradpipe.cli import main; rc = main(sys.argv[1:]); "
             "assert 'tensorflow' not in sys.modules; sys.exit(rc)")
-    start = time.perf_counter()
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr
-    # Not a timing assertion on the code path: TF alone takes seconds to import.
-    assert time.perf_counter() - start < 30
 
 
 @pytest.mark.slow

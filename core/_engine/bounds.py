@@ -23,7 +23,8 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from ..transform import current_context, squared_norm
+from ..tensors import all_true
+from ..transform import current_context, in_xla_function, squared_norm
 from .intervals import (
     Interval,
     interval_of,
@@ -104,8 +105,10 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval],
             if x.dtype.is_floating:
                 check(found, x.dtype)
             stack.pop()
+    xla = in_xla_function()
     for limit, each in ends.items():  # compared one by one: a NaN fails
-        required.append(tf.reduce_all(tf.stack(each) < limit))
+        required.append(all_true([end < limit for end in each]) if xla
+                        else tf.reduce_all(tf.stack(each) < limit))
     magnitudes: dict[int, Any] = {}  # one per distinct interval: most outputs share one
     for interval in (memo[t.ref()] for t in outputs):
         if id(interval) not in magnitudes:
