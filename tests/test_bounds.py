@@ -44,6 +44,9 @@ MATHS = {
                    lambda g, m: ((m - g) * np.float32(1e20), m - g)),
     "exp": (lambda g, m: (tf.exp(tf.clip_by_value(g, -50.0, m)), m - g),
             lambda g, m: (np.exp(np.minimum(np.maximum(g, np.float32(-50)), m)), m - g)),
+    # an interval whose least end alone can overflow: [-(|m| + |g|) * 1e20, 0]
+    "negative": (lambda g, m: ((-tf.abs(m) - tf.abs(g)) * 1e20, m),
+                 lambda g, m: ((-np.abs(m) - np.abs(g)) * np.float32(1e20), m)),
     "power": (lambda g, m: (g / tf.pow(tf.square(m) + 1.0, 0.5), m + g ** 2),
               lambda g, m: (g / np.power(m * m + np.float32(1), np.float32(0.5)), m + g * g)),
 }
@@ -96,6 +99,8 @@ ELEMENTS = st.sampled_from([0.0, 1e-30, 1.0, -3.0, 60.0, 1e10, 1e19, -1e19, -2e1
 @pytest.mark.slow
 @example(name="difference", jit=True, state=[1e19, 0.0, 0.0], grads=[[-1e19, 0.0, 0.0]])
 @example(name="difference", jit=False, state=[1e19, 0.0, 0.0], grads=[[-1e19, 0.0, 0.0]])
+@example(name="negative", jit=True, state=[1e19, 0.0, 0.0], grads=[[1.0, 0.0, 0.0]])
+@example(name="negative", jit=False, state=[1e19, 0.0, 0.0], grads=[[1.0, 0.0, 0.0]])
 def test_a_step_is_applied_exactly_when_its_outputs_are_finite(name, jit, state, grads):
     pipe, (var, *padding), step = _bounded_step(name, jit)
     # rms takes the square root of its state, whose sign its norm does not tell: it is

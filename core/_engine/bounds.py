@@ -60,14 +60,16 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval],
     same: dict[tuple[Any, ...], Interval] = {}
     scalars: dict[Any, Any] = {}  # same_value's keys
     required: list[Any] = []
-    ends: dict[float, list[Any]] = {}  # limit -> each interval's lo and hi
+    ends: dict[float, tuple[list[Any], list[Any]]] = {}  # limit -> the intervals' lo, hi
     checked: set[tuple[int, float]] = set()
 
     def check(interval: Interval, dtype: Any) -> None:
         limit = limit_of(dtype)
         if (id(interval), limit) not in checked:
             checked.add((id(interval), limit))
-            ends.setdefault(limit, []).extend([-interval.lo, interval.hi])
+            los, his = ends.setdefault(limit, ([], []))
+            los.append(interval.lo)
+            his.append(interval.hi)
 
     for interval in known.values():  # an infinite input fails too
         check(interval, tf.float32)
@@ -106,9 +108,10 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval],
                 check(found, x.dtype)
             stack.pop()
     xla = in_xla_function()
-    for limit, each in ends.items():  # compared one by one: a NaN fails
-        required.append(all_true([end < limit for end in each]) if xla
-                        else tf.reduce_all(tf.stack(each) < limit))
+    for limit, (los, his) in ends.items():  # compared one by one: a NaN fails
+        required.append(all_true([lo > -limit for lo in los] + [hi < limit for hi in his])
+                        if xla else tf.reduce_all(tf.stack(los) > -limit)
+                        & tf.reduce_all(tf.stack(his) < limit))
     magnitudes: dict[int, Any] = {}  # one per distinct interval: most outputs share one
     for interval in (memo[t.ref()] for t in outputs):
         if id(interval) not in magnitudes:
