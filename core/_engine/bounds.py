@@ -109,9 +109,9 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval],
             stack.pop()
     xla = in_xla_function()
     for limit, (los, his) in ends.items():  # compared one by one: a NaN fails
-        required.append(all_true([lo > -limit for lo in los] + [hi < limit for hi in his])
-                        if xla else tf.reduce_all(tf.stack(los) > -limit)
-                        & tf.reduce_all(tf.stack(his) < limit))
+        # in XLA each end on its own (see all_true), else each list as one vector
+        required.append(all_true([lo > -limit for lo in los] + [hi < limit for hi in his]
+                                 if xla else [tf.stack(los) > -limit, tf.stack(his) < limit]))
     magnitudes: dict[int, Any] = {}  # one per distinct interval: most outputs share one
     for interval in (memo[t.ref()] for t in outputs):
         if id(interval) not in magnitudes:
