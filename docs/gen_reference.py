@@ -19,7 +19,7 @@ from typing import Any
 
 from _generated import write_or_check
 
-from gradpipe._engine.proofs import PROVED
+from gradpipe._engine.proof_table import PROVED
 from gradpipe.cli import _parser
 from gradpipe.config_rows import FieldRow, field_rows, summary
 from gradpipe.entry_points import KIND_HOOKS

@@ -69,7 +69,16 @@ PROVED = st.one_of(
     st.builds(lambda lr, rho, mu, eps: {"kind": "rmsprop", "learning_rate": lr, "rho": rho,
                                         "momentum": mu, "epsilon": eps},
               EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]),
-              st.sampled_from([0.0, 0.9, 0.999]), st.sampled_from([1e-30, 1e-7, 1.0])))
+              st.sampled_from([0.0, 0.9, 0.999]), st.sampled_from([1e-30, 1e-7, 1.0])),
+    st.builds(lambda lr, b1, b2, eps: {"kind": "lamb", "learning_rate": lr, "beta_1": b1,
+                                        "beta_2": b2, "epsilon": eps},
+              EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999]),
+              st.sampled_from([0.0, 0.999, 0.999999]), st.sampled_from([1e-30, 1e-7, 1.0])),
+    st.builds(lambda lr, decay, eps_1, eps_2, wd: {
+        "kind": "adafactor", "learning_rate": lr, "beta_2_decay": decay, "epsilon_1": eps_1,
+        "epsilon_2": eps_2, "weight_decay": wd},
+        EXTREME_RATES, st.sampled_from([-0.8, -5.0]), st.sampled_from([1e-30, 1e-7, 1.0]),
+        st.sampled_from([0.0, 1e-3, 1.0]), st.sampled_from([0.0, 0.1, 1e10])))
 
 
 @pytest.mark.slow
@@ -78,12 +87,13 @@ PROVED = st.one_of(
 @given(rule=PROVED, scheduled=st.booleans(),
        clip=st.sampled_from([None, 1e-3, 1.0, 1e30]),
        grads=st.lists(st.lists(EXTREME_ELEMENTS, min_size=3, max_size=3),
-                      min_size=2, max_size=5))
-def test_a_proof_never_applies_a_step_the_check_skips(rule, scheduled, clip, grads):
+                      min_size=2, max_size=5),
+       weights=st.lists(EXTREME_ELEMENTS, min_size=3, max_size=3))
+def test_a_proof_never_applies_a_step_the_check_skips(rule, scheduled, clip, grads, weights):
     """Soundness of the engine's proofs: from the same state, a step that checking
     the outputs would skip is never applied on the strength of a proof. (Adam's
     bound, once only required finite in float64, failed this from rates of about
-    1e13.)"""
+    1e13; lamb's, without its weights' norm, at a rate of 1e10 on weights of 1e10.)"""
     table: dict = {}
     if scheduled:  # the same rate from a schedule: each step's own bound is checked
         rate = rule["learning_rate"]
@@ -93,7 +103,7 @@ def test_a_proof_never_applies_a_step_the_check_skips(rule, scheduled, clip, gra
     clipping = [] if clip is None else [{"kind": "clip_by_global_norm", "clip_norm": clip}]
     runs = []
     for kind in (rule["kind"], checked_copy(rule["kind"])):
-        var = tf.Variable(np.zeros(3, "f4"))
+        var = tf.Variable(np.array(weights, "f4"))
         pipe = gradpipe.build({**table, "transforms": clipping + [{**rule, "kind": kind}]})
         pipe.build([var])
         if kind == rule["kind"] and "proved" not in pipe.plan.checks[-1]:

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from ..tensors import all_true
-from ..transform import current_context, in_xla_function, squared_norm
+from ..transform import current_context, in_xla_function, squared_norm, sum_of_squares
 from .intervals import (
     Interval,
     interval_of,
@@ -136,6 +136,19 @@ def squared_bound(tensors: Sequence[Any]) -> Any:
     if present and all(id(t) in bounds for t in present):
         return tf.square(tf.reduce_max(tf.stack([bounds[id(t)][1] for t in present])))
     return squared_norm(tensors)
+
+
+def weight_norm_bound(variables: Sequence[Any]) -> Any:
+    """A float32 bound of each of ``variables``' norm (weights a proof reads): the top
+    of the interval the step gave each (``shared["weights"]``, by handle: the norm
+    of its group, read once per step), else their norm, read now."""
+    given = current_context().shared.get("weights")
+    if given:
+        graph = tf.compat.v1.get_default_graph()
+        found = [given.get(graph.capture(v.handle).ref()) for v in variables]
+        if found and None not in found:
+            return tf.reduce_max(tf.stack([interval.hi for interval in found]))
+    return within_norm(sum_of_squares(variables)).hi
 
 
 def held_state(tensors: Sequence[Any], ranged: bool) -> list[Interval]:

@@ -22,7 +22,7 @@ from ..transform import BuildContext, build_scope
 from .answers import remembered
 from .bounds import bound_outputs, held_state, record_bounds, squared_bound
 from .intervals import Unbounded, taken_as_values, within_norm
-from .proofs import Prove
+from .proofs import CheckedWhereItFails, Prove
 from .step_ops import finite_outputs
 
 #: how a traced transform's outputs were known finite ("proved", "bounded" or
@@ -51,13 +51,15 @@ class Guard:
         return any(p is None and i not in self.bounded for i, p in enumerate(self.proofs))
 
     def outputs_finite(self, i: int, inputs: list[Any], old: Any, outputs: list[Any],
-                       state: Any, bounds: bool) -> list[Any]:
+                       state: Any, bounds: bool, variables: list[Any]) -> list[Any]:
         """Scalars under which transform ``i``'s outputs are finite: its proof's, the
         bounds of its maths (``bounds``, where the plan found them), or one check over
-        its updates and new state."""
+        its updates and new state. A proof ``CheckedWhereItFails`` counts as a bound."""
         prove = self.proofs[i]
-        required = prove(inputs, lambda: old) if prove is not None else None
-        kind = "proved"
+        as_bound = isinstance(prove, CheckedWhereItFails)
+        required = prove(inputs, lambda: old, variables) if prove is not None and (
+            bounds or not as_bound) else None
+        kind = "bounded" if as_bound else "proved"
         if required is None and bounds and i in self.bounded:
             required = bounded_outputs(inputs, old, outputs, state, i in self.ranged)
             kind = "bounded"
@@ -82,12 +84,12 @@ class Guard:
             finite_outputs(outputs, tf.nest.flatten(state))
             for kind, required, outputs, state in seen[first:]]
 
-    def proved(self, i: int, inputs: list[Any], read_state: Callable[[], Any]
-               ) -> list[Any]:
+    def proved(self, i: int, inputs: list[Any], read_state: Callable[[], Any],
+               variables: list[Any]) -> list[Any]:
         """The scalars of transform ``i``'s proof for ``inputs`` (false where it proves
         nothing for them: an in-place kernel writes before a check could run)."""
         prove = self.proofs[i]
-        scalars = prove(inputs, read_state) if prove is not None else None
+        scalars = prove(inputs, read_state, variables) if prove is not None else None
         return scalars if scalars is not None else [tf.constant(False)]
 
     def chain_finite(self, required: list[Any], recheck: Callable[[], list[Any]],

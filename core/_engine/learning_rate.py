@@ -27,7 +27,7 @@ from ..errors import GradpipeError
 from ..fields import is_constant
 from ..spec import ComponentSpec, PipelineSpec
 from ..transform import SettableRate
-from .proofs import provable
+from .proof_table import provable
 
 
 def _rules(spec: PipelineSpec) -> list[ComponentSpec]:

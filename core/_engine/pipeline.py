@@ -29,7 +29,7 @@ from .layout import LayoutState
 from .learning_rate import LearningRate
 from .packed import elementwise_mismatch
 from .plan import Choice, Plan, make_plan
-from .proofs import proof_for
+from .proof_table import proof_for
 from .rows import describe_rows
 from .selection import frozen_variables, transform_masks
 from .shards import expand, servers_choice

@@ -25,7 +25,7 @@ from ..distribute import is_parameter_server
 from ..errors import GradpipeError
 from ..spec import PipelineSpec
 from ..transform import accelerator_visible
-from .proofs import PROOFS_READING_STATE
+from .proof_table import proof_summary
 from .summaries import writer_may_record
 
 # "auto" compiles where XLA pays (benchmarks/HISTORY.md, measured on 2 cores): XLA
@@ -148,8 +148,7 @@ def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...],
         elif not spec.options.check_updates:
             out.append(where + "not checked (check_updates = false)")
         elif proof:
-            read = " and its state's largest element" if t.name in PROOFS_READING_STATE else ""
-            out.append(where + f"proved from its input's norm{read} (gradpipe knows its maths)")
+            out.append(where + proof_summary(t.name))
         elif how_bounded is not None and (why := how_bounded(i)) in ("norm", "range"):
             bounded.append(i)
             if why == "range":

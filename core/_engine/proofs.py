@@ -39,6 +39,10 @@ every earlier transform's outputs are proved or checked in turn.
   stays below ``2 * lr / sqrt(1 - rho) / (1 - mu)``, as ``sgd``'s does.
   Centred, ``v - avg**2`` can round below zero: checked.
 
+``lamb`` and ``adafactor``, whose steps scale with their weights' norm, are
+proved in :mod:`gradpipe._engine.weight_proofs`; ``proof_table`` names every
+proof.
+
 As for ``adam``'s second moment, a proof takes the state the engine wrote (or
 restored) as its maths leaves it: an average of squares is not negative.
 Proofs are never taken from a plugin: a plugin's word that its outputs are
@@ -51,11 +55,9 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
-from ..entry_points import BUILTIN_DIST
 from ..fields import is_constant
-from ..spec import ComponentSpec
 from ..transform import hyper
 from .bounds import largest_element, squared_bound
 
@@ -66,12 +68,26 @@ FLOAT32_BOUND = 3.4e38
 #: the largest Adam step size a schedule is assumed to reach (lr 1, beta_1 0.999)
 SCHEDULED_ALPHA_BOUND = 1e3
 
-#: ``prove(inputs, read_state) -> scalars`` that must be finite (booleans: true) for the
-#: outputs to be finite, or ``None`` where this trace cannot be proved (then checked).
-Prove = Callable[[list[Any], Callable[[], Any]], "list[Any] | None"]
+#: ``prove(inputs, read_state, variables) -> scalars`` that must be finite (booleans:
+#: true) for the outputs to be finite, or ``None`` where this trace cannot be proved
+#: (then checked).
+Prove = Callable[[list[Any], Callable[[], Any], list[Any]], "list[Any] | None"]
 
 
-def _float32(x: float) -> float:
+class CheckedWhereItFails:
+    """A proof whose conditions ordinary training may fail (a weights' norm, a decay
+    that shrinks with the step): where they fail, the step checks the outputs, as
+    where a bound fails, instead of skipping a step that may be finite."""
+
+    def __init__(self, prove: Prove) -> None:
+        self.prove = prove
+
+    def __call__(self, inputs: list[Any], read_state: Callable[[], Any],
+                 variables: list[Any]) -> list[Any] | None:
+        return self.prove(inputs, read_state, variables)
+
+
+def float32(x: float) -> float:
     return float(struct.unpack("f", struct.pack("f", x))[0])
 
 
@@ -81,11 +97,11 @@ def adam_step_size_bound(config: Any) -> float | None:
     lr, b1 = config.learning_rate, config.beta_1
     if not (is_constant(lr) and is_constant(b1)):
         return None
-    one_minus_b1 = 1.0 - _float32(b1)
+    one_minus_b1 = 1.0 - float32(b1)
     return 2 * lr / one_minus_b1 if one_minus_b1 > 0 else float("inf")
 
 
-def _adam_provable(config: Any) -> bool:
+def adam_provable(config: Any) -> bool:
     if config.epsilon <= 0:
         return False  # 0/0
     largest = adam_step_size_bound(config)
@@ -93,13 +109,13 @@ def _adam_provable(config: Any) -> bool:
     return largest * LARGEST_ELEMENT / config.epsilon < FLOAT32_BOUND
 
 
-def _sgd_provable(config: Any) -> bool:
+def sgd_provable(config: Any) -> bool:
     lr, mu = config.learning_rate, config.momentum
     return (is_constant(lr) and is_constant(mu) and mu < 1
             and lr * LARGEST_ELEMENT / (1 - mu) * (1 + mu) < FLOAT32_BOUND)
 
 
-def _clip_provable(config: Any) -> bool:
+def clip_provable(config: Any) -> bool:
     return True
 
 
@@ -108,29 +124,30 @@ def _clip_provable(config: Any) -> bool:
 ROOT_MIN_EPSILON = 1e-30
 
 
-def _adagrad_provable(config: Any) -> bool:
+def adagrad_provable(config: Any) -> bool:
     return config.epsilon >= ROOT_MIN_EPSILON  # the rate is required at each step
 
 
-def _rmsprop_provable(config: Any) -> bool:
+def rmsprop_provable(config: Any) -> bool:
     rho, mu, lr = config.rho, config.momentum, config.learning_rate
     if (config.centered or config.epsilon < ROOT_MIN_EPSILON or not is_constant(rho)
-            or _float32(1.0 - rho) <= 0):
+            or float32(1.0 - rho) <= 0):
         return False
     if is_constant(mu) and mu == 0:
         return True  # the rate is required at each step
     # the momentum sums the past steps, each within 2 lr / sqrt(1 - rho)
     return (is_constant(lr) and is_constant(mu) and mu < 1
-            and 2 * lr / math.sqrt(_float32(1.0 - rho)) / (1 - mu) * (1 + mu) < FLOAT32_BOUND)
+            and 2 * lr / math.sqrt(float32(1.0 - rho)) / (1 - mu) * (1 + mu) < FLOAT32_BOUND)
 
 
-def _clip_proof(config: Any) -> Prove:
+def clip_proof(config: Any) -> Prove:
     import tensorflow as tf
 
     clip = hyper(config.clip_norm)
     constant = is_constant(config.clip_norm)
 
-    def prove(inputs: list[Any], read_state: Callable[[], Any]) -> list[Any]:
+    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
+              ) -> list[Any]:
         if constant:  # validated > 0: the factor is finite for any finite input
             return []
         c = tf.cast(clip(), tf.float32)  # a schedule's value: finite and positive
@@ -139,7 +156,7 @@ def _clip_proof(config: Any) -> Prove:
     return prove
 
 
-def _rows(inputs: list[Any]) -> bool:
+def sparse_inputs(inputs: list[Any]) -> bool:
     """Sparse inputs: their rows are cheaper to check than to bound (a bound needs
     the sum of duplicate rows, which the check does not)."""
     import tensorflow as tf
@@ -147,14 +164,15 @@ def _rows(inputs: list[Any]) -> bool:
     return any(isinstance(g, tf.IndexedSlices) for g in inputs)
 
 
-def _sgd_proof(config: Any) -> Prove:
-    def prove(inputs: list[Any], read_state: Callable[[], Any]) -> list[Any] | None:
-        return None if _rows(inputs) else [squared_bound(inputs)]
+def sgd_proof(config: Any) -> Prove:
+    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
+              ) -> list[Any] | None:
+        return None if sparse_inputs(inputs) else [squared_bound(inputs)]
 
     return prove
 
 
-def _adam_proof(config: Any) -> Prove:
+def adam_proof(config: Any) -> Prove:
     import tensorflow as tf
 
     lr, beta_1, beta_2 = (hyper(v) for v in (config.learning_rate, config.beta_1,
@@ -162,8 +180,9 @@ def _adam_proof(config: Any) -> Prove:
     # proved once for every step at a constant rate and beta_1
     bound_always_holds = adam_step_size_bound(config) is not None
 
-    def prove(inputs: list[Any], read_state: Callable[[], Any]) -> list[Any] | None:
-        if _rows(inputs) or any(g is not None and g.dtype.size < 4 for g in inputs):
+    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
+              ) -> list[Any] | None:
+        if sparse_inputs(inputs) or any(g is not None and g.dtype.size < 4 for g in inputs):
             return None  # the bounds hold for float32 and float64
         required = [squared_bound(inputs)]
         b1, b2 = beta_1(), beta_2()
@@ -180,15 +199,16 @@ def _adam_proof(config: Any) -> Prove:
     return prove
 
 
-def _mean_square_proof(config: Any, average: str, decay: float, scale: float) -> Prove:
+def mean_square_proof(config: Any, average: str, decay: float, scale: float) -> Prove:
     """The proof of ``lr * g / sqrt(v + eps)`` where the new ``v``, the state's field
     ``average``, is ``decay * v + scale * g**2``."""
     import tensorflow as tf
 
     lr = hyper(config.learning_rate)
 
-    def prove(inputs: list[Any], read_state: Callable[[], Any]) -> list[Any] | None:
-        if _rows(inputs) or any(g is not None and g.dtype.size < 4 for g in inputs):
+    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
+              ) -> list[Any] | None:
+        if sparse_inputs(inputs) or any(g is not None and g.dtype.size < 4 for g in inputs):
             return None  # the bounds hold for float32 and float64
         largest = [tf.cast(largest_element(v), tf.float64)
                    for g, v in zip(inputs, getattr(read_state(), average)) if g is not None]
@@ -203,40 +223,3 @@ def _mean_square_proof(config: Any, average: str, decay: float, scale: float) ->
         return [step < FLOAT32_BOUND, new_average < FLOAT32_BOUND]
 
     return prove
-
-
-class _Proof(NamedTuple):
-    provable: Callable[[Any], bool]  # from the config alone
-    build: Callable[[Any], Prove]  # the step's proof, from the config
-    reads_state: bool = False  # one pass over the state, each step
-
-
-_PROOFS: dict[str, _Proof] = {
-    "clip_by_global_norm": _Proof(_clip_provable, _clip_proof),
-    "sgd": _Proof(_sgd_provable, _sgd_proof),
-    "adam": _Proof(_adam_provable, _adam_proof),
-    "adagrad": _Proof(_adagrad_provable,
-                      lambda c: _mean_square_proof(c, "accumulator", 1.0, 1.0),
-                      reads_state=True),
-    "rmsprop": _Proof(_rmsprop_provable,
-                      lambda c: _mean_square_proof(c, "velocity", _float32(c.rho),
-                                                   _float32(1.0 - c.rho)),
-                      reads_state=True),
-}
-#: gradpipe's own transforms whose outputs can be proved finite (their configs permitting)
-PROVED = tuple(_PROOFS)
-#: those whose proof reads their state (one pass over it, each step)
-PROOFS_READING_STATE = tuple(name for name, p in _PROOFS.items() if p.reads_state)
-
-
-def provable(spec: ComponentSpec, config: Any = None) -> bool:
-    """Whether the engine proves ``spec``'s outputs finite (with ``config`` instead of
-    the spec's own, for a learning rate set while training)."""
-    proof = _PROOFS.get(spec.name) if spec.dist == BUILTIN_DIST else None
-    return proof is not None and proof.provable(spec.config if config is None else config)
-
-
-def proof_for(spec: ComponentSpec) -> Prove | None:
-    """The proof of ``spec``'s outputs, or ``None`` (they are checked). Call it in the
-    pipeline's build scope: a scheduled hyperparameter reads the pipeline's step."""
-    return _PROOFS[spec.name].build(spec.config) if provable(spec) else None

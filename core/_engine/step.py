@@ -226,7 +226,8 @@ class Step:
                         f"transform {spec.name!r} at {spec.path} returned {len(result)} "
                         f"updates for {len(variables)} variables")
                 if guard and self._guarded:
-                    required += self.guard.outputs_finite(i, masked, old, result, state, bounds)
+                    required += self.guard.outputs_finite(i, masked, old, result, state, bounds,
+                                                          variables)
                 if applies is not None:  # a skipped step keeps the state as it was
                     result, state = kept_where_skipped(result, state, old, applies, kept,
                                                        self.kept_by_transforms)
@@ -259,8 +260,7 @@ class Step:
         blocked = compiling or fusion_blocker(grads, self._replicas)
         if self.plan.in_place.on and not blocked:
             return self._update_in_place(grads, finite)
-        updates, new_states, required = self.run_chain(grads, skip=self._pre_reduce,
-                                                        guard=True)
+        updates, new_states, required = self.run_chain(grads, skip=self._pre_reduce, guard=True)
         required = self.rechecked(required, lambda: grads, self._pre_reduce, outputs_kept=True)
         checks = required if finite is None else [finite, *required]
 
@@ -280,7 +280,7 @@ class Step:
         checks = [] if finite is None else [finite]
         if self._guarded:  # the plan takes this path only where the last is proved
             def proved(given: list[Any]) -> list[Any]:
-                return self.guard.proved(last, given, lambda: store.read(last))
+                return self.guard.proved(last, given, lambda: store.read(last), store.variables)
 
             checks += self.rechecked(required + proved(inputs), lambda: grads, skip, proved)
         kernel = self.kernel
@@ -343,8 +343,7 @@ class Step:
         sequence = VariableSequence(unscaled(), self.state.variables, self.plan.sequence.on)
         record_squared_norm(sequence.grads, squared_norm(grads))
         self.kept_by_transforms = set()
-        updates, new_states, _ = self.run_chain(sequence.grads, skip=self._pre_reduce,
-                                                 applies=ok)
+        updates, new_states, _ = self.run_chain(sequence.grads, skip=self._pre_reduce, applies=ok)
         ops = assign(self.state, new_states, updates, applies=ok, sequence=sequence,
                      kept=self.kept_by_transforms)
         with tf.control_dependencies(ops):

@@ -1,0 +1,84 @@
+"""Which of gradpipe's own transforms the engine proves finite, and how.
+
+The proofs live in :mod:`gradpipe._engine.proofs` and
+:mod:`gradpipe._engine.weight_proofs`; this table names them for the plan and
+the build. Proofs are never taken from a plugin: a plugin's word that its
+outputs are finite could be wrong, and a wrong one would write NaN into the
+weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ..entry_points import BUILTIN_DIST
+from ..spec import ComponentSpec
+from .proofs import (
+    CheckedWhereItFails,
+    Prove,
+    adagrad_provable,
+    adam_proof,
+    adam_provable,
+    clip_proof,
+    clip_provable,
+    float32,
+    mean_square_proof,
+    rmsprop_provable,
+    sgd_proof,
+    sgd_provable,
+)
+from .weight_proofs import adafactor_proof, adafactor_provable, lamb_proof, lamb_provable
+
+
+class _Proof(NamedTuple):
+    provable: Callable[[Any], bool]  # from the config alone
+    build: Callable[[Any], Prove]  # the step's proof, from the config
+    reads: tuple[str, ...] = ()  # what it reads each step besides its input's norm
+    limit: str = ""  # where it proves nothing, for the plan
+
+
+_LARGEST_STATE = "its state's largest element"
+_WEIGHTS = "its weights' norm"
+_PROOFS: dict[str, _Proof] = {
+    "clip_by_global_norm": _Proof(clip_provable, clip_proof),
+    "sgd": _Proof(sgd_provable, sgd_proof),
+    "adam": _Proof(adam_provable, adam_proof),
+    "adagrad": _Proof(adagrad_provable,
+                      lambda c: mean_square_proof(c, "accumulator", 1.0, 1.0),
+                      reads=(_LARGEST_STATE,)),
+    "rmsprop": _Proof(rmsprop_provable,
+                      lambda c: mean_square_proof(c, "velocity", float32(c.rho),
+                                                  float32(1.0 - c.rho)),
+                      reads=(_LARGEST_STATE,)),
+    # their conditions may fail in training (a large norm, a long run): checked there
+    "lamb": _Proof(lamb_provable, lambda c: CheckedWhereItFails(lamb_proof(c)),
+                   reads=(_WEIGHTS,)),
+    "adafactor": _Proof(adafactor_provable, lambda c: CheckedWhereItFails(adafactor_proof(c)),
+                        reads=(_LARGEST_STATE, _WEIGHTS),
+                        limit="variables of rank 2 or more are checked: their factored "
+                              "moments can round to 0"),
+}
+#: gradpipe's own transforms whose outputs can be proved finite (their configs permitting)
+PROVED = tuple(_PROOFS)
+
+
+def proof_summary(name: str) -> str:
+    """What the plan says of a proved transform ``name``: what its proof reads."""
+    proof = _PROOFS[name]
+    read = ["its input's norm", *proof.reads]
+    text = "proved from " + (", ".join(read[:-1]) + " and " if len(read) > 1 else "") + read[-1]
+    return text + " (gradpipe knows its maths)" + (f"; {proof.limit}" if proof.limit else "")
+
+
+def provable(spec: ComponentSpec, config: Any = None) -> bool:
+    """Whether the engine proves ``spec``'s outputs finite (with ``config`` instead of
+    the spec's own, for a learning rate set while training)."""
+    proof = _PROOFS.get(spec.name) if spec.dist == BUILTIN_DIST else None
+    return proof is not None and proof.provable(spec.config if config is None else config)
+
+
+def proof_for(spec: ComponentSpec) -> Prove | None:
+    """The proof of ``spec``'s outputs, or ``None`` (they are checked). Call it in the
+    pipeline's build scope: a scheduled hyperparameter reads the pipeline's step."""
+    return _PROOFS[spec.name].build(spec.config) if provable(spec) else None
