@@ -27,12 +27,12 @@ where checking the outputs would read every array the maths writes.
   alpha_t * u_hat``, with ``alpha_t = max(epsilon_2, rms(w')) * rho_t``,
   ``|rho_t| <= min(lr, 1)`` (``|lr|`` for a negative one) and ``|w'| <= ||w|| (1
   + wd lr)``, stays within ``||w|| wd lr + max(epsilon_2, ||w'||) |rho_t| /
-  sqrt(k)``. Each step requires that, ``||w'||**2`` (the sum ``rms(w')`` takes)
-  and ``beta_2_t max(v) + k (sum(g**2) + epsilon_1)`` (the new moment: one read
-  of its largest element) below the float32 maximum, and ``k epsilon_1`` at
-  least ``2**-120``. Factored (rank 2 or more), ``(r / mean(r)) c`` underflows
-  to 0 where a row and a column of the gradient are 0 (Keras's maths gives 0/0
-  there): those are checked.
+  sqrt(k)``. Each step requires that (with ``2 / sqrt(k)``: ``k``'s rounding),
+  ``||w'||**2`` (the sum ``rms(w')`` takes) and ``beta_2_t max(v) + k
+  (sum(g**2) + epsilon_1)`` (the new moment: one read of its largest element)
+  below the float32 maximum, and ``k epsilon_1`` at least ``2**-120``.
+  Factored (rank 2 or more), ``(r / mean(r)) c`` underflows to 0 where a row and
+  a column of the gradient are 0 (Keras's maths gives 0/0 there): checked.
 
 Ordinary training may fail these conditions (a weights' norm past ``1e16 / lr``,
 ``k epsilon_1`` below ``2**-120`` after 17 steps at ``beta_2_decay = -5``), so
@@ -142,7 +142,7 @@ def adafactor_proof(config: Any) -> Prove:
         weights = f64(weight_norm_bound([v for _, v in present]))
         decayed = weights * (1 + wd * rate)  # ||w'||
         step_bound = (weights * wd * rate + tf.maximum(decayed, config.epsilon_2) * rho
-                      * (1.01 / tf.sqrt(kept)))
+                      * (2 / tf.sqrt(kept)))  # twice: k rounds in 1 - (1 - t**d)
         # in float64, compared with float32's maximum: NaN/Inf fail too
         return [squared, kept * config.epsilon_1 >= ADAFACTOR_LEAST_MOMENT,
                 (1 - kept) * largest + kept * (f64(squared) + config.epsilon_1) < FLOAT32_BOUND,
