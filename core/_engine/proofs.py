@@ -164,6 +164,12 @@ def sparse_inputs(inputs: list[Any]) -> bool:
     return any(isinstance(g, tf.IndexedSlices) for g in inputs)
 
 
+def sparse_or_narrow(inputs: list[Any]) -> bool:
+    """Sparse inputs (``sparse_inputs``) or float16 ones: the proofs' bounds hold for
+    float32 and float64."""
+    return sparse_inputs(inputs) or any(g is not None and g.dtype.size < 4 for g in inputs)
+
+
 def sgd_proof(config: Any) -> Prove:
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
               ) -> list[Any] | None:
@@ -182,8 +188,8 @@ def adam_proof(config: Any) -> Prove:
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
               ) -> list[Any] | None:
-        if sparse_inputs(inputs) or any(g is not None and g.dtype.size < 4 for g in inputs):
-            return None  # the bounds hold for float32 and float64
+        if sparse_or_narrow(inputs):
+            return None
         required = [squared_bound(inputs)]
         b1, b2 = beta_1(), beta_2()
         if not bound_always_holds:
@@ -208,8 +214,8 @@ def mean_square_proof(config: Any, average: str, decay: float, scale: float) -> 
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
               ) -> list[Any] | None:
-        if sparse_inputs(inputs) or any(g is not None and g.dtype.size < 4 for g in inputs):
-            return None  # the bounds hold for float32 and float64
+        if sparse_or_narrow(inputs):
+            return None
         largest = [tf.cast(largest_element(v), tf.float64)
                    for g, v in zip(inputs, getattr(read_state(), average)) if g is not None]
         if not largest:

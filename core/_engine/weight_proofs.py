@@ -47,7 +47,7 @@ from typing import Any
 from ..fields import is_constant
 from ..transform import hyper
 from .bounds import largest_element, squared_bound, weight_norm_bound
-from .proofs import FLOAT32_BOUND, LARGEST_ELEMENT, Prove, float32, sparse_inputs
+from .proofs import FLOAT32_BOUND, LARGEST_ELEMENT, Prove, float32, sparse_or_narrow
 
 #: how far below 1 lamb's betas must be in float32: ``1 - beta**t`` then cannot round to 0
 LAMB_BETA_GAP = 2.0**-20
@@ -82,8 +82,8 @@ def lamb_proof(config: Any) -> Prove:
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
               ) -> list[Any] | None:
-        if sparse_inputs(inputs) or any(g is not None and g.dtype.size < 4 for g in inputs):
-            return None  # the bounds hold for float32 and float64
+        if sparse_or_narrow(inputs):
+            return None
         present = [v for g, v in zip(inputs, variables) if g is not None]
         if not present:
             return []
@@ -119,8 +119,8 @@ def adafactor_proof(config: Any) -> Prove:
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
               ) -> list[Any] | None:
-        if sparse_inputs(inputs) or any(g is not None and g.dtype.size < 4 for g in inputs):
-            return None  # the bounds hold for float32 and float64
+        if sparse_or_narrow(inputs):
+            return None
         present = [(g, v) for g, v in zip(inputs, variables) if g is not None]
         if any(len(v.shape) >= 2 for _, v in present):
             return None  # factored: checked
