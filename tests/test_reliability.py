@@ -74,6 +74,10 @@ PROVED = st.one_of(
                                         "beta_2": b2, "epsilon": eps},
               EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999]),
               st.sampled_from([0.0, 0.999, 0.999999]), st.sampled_from([1e-30, 1e-7, 1.0])),
+    st.builds(lambda lr, b1, eps, wd: {"kind": "adamw", "learning_rate": lr, "beta_1": b1,
+                                        "epsilon": eps, "weight_decay": wd},
+              EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]),
+              st.sampled_from([1e-30, 1e-7, 1.0]), st.sampled_from([0.0, 0.004, 1e10])),
     st.builds(lambda lr, decay, eps_1, eps_2, wd: {
         "kind": "adafactor", "learning_rate": lr, "beta_2_decay": decay, "epsilon_1": eps_1,
         "epsilon_2": eps_2, "weight_decay": wd},

@@ -1,4 +1,5 @@
-"""``lamb`` and ``adafactor`` proved finite from their input's and weights' norms.
+"""``lamb``, ``adafactor`` and ``adamw`` proved finite from their input's and weights'
+norms.
 
 ``lamb``'s trust ratio ``||w|| / ||u||`` is unbounded where ``||u||`` is tiny,
 but ``ratio * |u_i|`` never exceeds ``||w||``: the proof requires the rate
@@ -190,3 +191,37 @@ def test_lamb_on_weights_past_its_proof_is_checked_and_applies(path):
     init = [np.full((6, 4), 1e17 / np.sqrt(24), "f4"), np.zeros(4, "f4")]
     grads = [[np.ones((6, 4), "f4"), np.ones(4, "f4")]] * 2
     assert _same_as_checked("lamb", path, init, grads) == [True, True]
+
+
+@pytest.mark.parametrize("options, proved", [
+    ({}, True),
+    ({"learning_rate": "@lr", "weight_decay": "@lr"}, True),  # each step requires its own
+    ({"learning_rate": 1e10}, True),  # 2 * 1e10 / 0.1 * 2**64 / 1e-7 = 3.7e37
+    ({"learning_rate": 1e12}, False),  # 3.7e39: adam's step alone may overflow
+    ({"epsilon": 0.0}, False),  # 0 / 0 where both moments are 0
+])
+def test_adamws_outputs_are_proved_only_where_its_bound_holds(options, proved):
+    pipe = gradpipe.build({"schedules": SCHEDULE,
+                           "transforms": [{"kind": "adamw", **options}]})
+    pipe.build([tf.Variable([1.0])])
+    assert ("adamw at transforms[0]: proved from its input's norm and its weights' norm"
+            in pipe.plan.checks[0]) is proved, pipe.plan.checks[0]
+
+
+MATRIX = [np.ones((6, 4), "f4"), np.ones(4, "f4")]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("options, init, grads, applied", [
+    ({}, [np.full((6, 4), 0.5, "f4"), np.zeros(4, "f4")], [MATRIX] * 3, [True] * 3),
+    # a decay of lr * weight_decay = 1e4 on a weight of 1e35: 1e39 overflows
+    ({"weight_decay": 1e6}, [np.where(np.eye(6, 4) > 0, 1e35, 0.5).astype("f4"),
+                             np.zeros(4, "f4")], [MATRIX], [False]),
+    # weights of 2e34, whose squares overflow the weights' norm, decayed by 2e38:
+    # past the proof, finite: checked, and applied
+    ({"weight_decay": 1e6}, [np.where(np.eye(6, 4) > 0, 2e34, 0.5).astype("f4"),
+                             np.zeros(4, "f4")], [MATRIX], [True]),
+])
+def test_adamw_applies_exactly_the_steps_a_check_applies(path, options, init, grads,
+                                                         applied):
+    assert _same_as_checked("adamw", path, init, grads, **options) == applied

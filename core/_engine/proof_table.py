@@ -28,7 +28,13 @@ from .proofs import (
     sgd_proof,
     sgd_provable,
 )
-from .weight_proofs import adafactor_proof, adafactor_provable, lamb_proof, lamb_provable
+from .weight_proofs import (
+    adafactor_proof,
+    adafactor_provable,
+    adamw_proof,
+    lamb_proof,
+    lamb_provable,
+)
 
 
 class _Proof(NamedTuple):
@@ -54,6 +60,8 @@ _PROOFS: dict[str, _Proof] = {
     # their conditions may fail in training (a large norm, a long run): checked there
     "lamb": _Proof(lamb_provable, lambda c: CheckedWhereItFails(lamb_proof(c)),
                    reads=(_WEIGHTS,)),
+    "adamw": _Proof(adam_provable, lambda c: CheckedWhereItFails(adamw_proof(c)),
+                    reads=(_WEIGHTS,)),
     "adafactor": _Proof(adafactor_provable, lambda c: CheckedWhereItFails(adafactor_proof(c)),
                         reads=(_LARGEST_STATE, _WEIGHTS),
                         limit="variables of rank 2 or more are checked: their factored "

@@ -39,8 +39,8 @@ every earlier transform's outputs are proved or checked in turn.
   stays below ``2 * lr / sqrt(1 - rho) / (1 - mu)``, as ``sgd``'s does.
   Centred, ``v - avg**2`` can round below zero: checked.
 
-``lamb`` and ``adafactor``, whose steps scale with their weights' norm, are
-proved in :mod:`gradpipe._engine.weight_proofs`; ``proof_table`` names every
+``lamb``, ``adafactor`` and ``adamw``, whose steps scale with their weights'
+norm, are proved in :mod:`gradpipe._engine.weight_proofs`; ``proof_table`` names every
 proof.
 
 As for ``adam``'s second moment, a proof takes the state the engine wrote (or
@@ -178,27 +178,42 @@ def sgd_proof(config: Any) -> Prove:
     return prove
 
 
-def adam_proof(config: Any) -> Prove:
+def adam_step_bound(config: Any) -> Callable[[Callable[[], Any]], Any]:
+    """``step_bound(read_state)``: a bound of every element of adam's step ``alpha *
+    m / (sqrt(v) + epsilon)``, ``alpha * 2**64 / epsilon``: a float at a constant rate
+    and beta_1 (``adam_step_size_bound``), else this step's, a float64 scalar."""
     import tensorflow as tf
 
     lr, beta_1, beta_2 = (hyper(v) for v in (config.learning_rate, config.beta_1,
                                               config.beta_2))
-    # proved once for every step at a constant rate and beta_1
-    bound_always_holds = adam_step_size_bound(config) is not None
+    largest = adam_step_size_bound(config)
+
+    def step_bound(read_state: Callable[[], Any]) -> Any:
+        if largest is not None:
+            return largest * (LARGEST_ELEMENT / config.epsilon)
+        step = tf.cast(read_state().count + 1, tf.float32)
+        alpha = lr() * tf.sqrt(1 - tf.pow(beta_2(), step)) / (1 - tf.pow(beta_1(), step))
+        return tf.cast(alpha, tf.float64) * (LARGEST_ELEMENT / config.epsilon)
+
+    return step_bound
+
+
+def adam_proof(config: Any) -> Prove:
+    import tensorflow as tf
+
+    beta_1, beta_2 = hyper(config.beta_1), hyper(config.beta_2)
+    step_bound = adam_step_bound(config)
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
               ) -> list[Any] | None:
         if sparse_or_narrow(inputs):
             return None
         required = [squared_bound(inputs)]
-        b1, b2 = beta_1(), beta_2()
-        if not bound_always_holds:
-            step = tf.cast(read_state().count + 1, tf.float32)
-            alpha = lr() * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
-            # in float64, compared with float32's maximum: NaN/Inf fail too
-            required.append(tf.cast(alpha, tf.float64) * (LARGEST_ELEMENT / config.epsilon)
-                            < FLOAT32_BOUND)
+        bound = step_bound(read_state)
+        if isinstance(bound, tf.Tensor):  # scheduled: in float64, NaN/Inf fail too
+            required.append(bound < FLOAT32_BOUND)
         if None in (getattr(beta_1, "constant", None), getattr(beta_2, "constant", None)):
+            b1, b2 = beta_1(), beta_2()
             required.append((b1 >= 0) & (b1 < 1) & (b2 >= 0) & (b2 < 1))
         return required
 

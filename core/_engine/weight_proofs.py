@@ -1,4 +1,5 @@
-"""Proofs of the rules whose step scales with their weights' norm: ``lamb``, ``adafactor``.
+"""Proofs of the rules whose step scales with their weights' norm: ``lamb``,
+``adafactor``, ``adamw``.
 
 As :mod:`gradpipe._engine.proofs`' own, each holds for gradpipe's maths only,
 assumes its inputs finite and reads the weights' norm through
@@ -34,9 +35,15 @@ where checking the outputs would read every array the maths writes.
   Factored (rank 2 or more), ``(r / mean(r)) c`` underflows to 0 where a row and
   a column of the gradient are 0 (Keras's maths gives 0/0 there): checked.
 
+* ``adamw``: ``adam``'s step (``adam_step_bound``: ``alpha * 2**64 / epsilon``)
+  plus its decay ``w * weight_decay * lr``, within ``||w|| |weight_decay * lr|``:
+  each step requires ``adam``'s conditions and the sum of the two below the
+  float32 maximum (its state is ``adam``'s, proved as ``adam``'s).
+
 Ordinary training may fail these conditions (a weights' norm past ``1e16 / lr``,
 ``k epsilon_1`` below ``2**-120`` after 17 steps at ``beta_2_decay = -5``), so
-both are ``CheckedWhereItFails``: a step that fails one is checked, not skipped.
+all three are ``CheckedWhereItFails``: a step that fails one is checked, not
+skipped.
 """
 
 from __future__ import annotations
@@ -47,7 +54,15 @@ from typing import Any
 from ..fields import is_constant
 from ..transform import hyper
 from .bounds import largest_element, squared_bound, weight_norm_bound
-from .proofs import FLOAT32_BOUND, LARGEST_ELEMENT, Prove, float32, sparse_or_narrow
+from .proofs import (
+    FLOAT32_BOUND,
+    LARGEST_ELEMENT,
+    Prove,
+    adam_proof,
+    adam_step_bound,
+    float32,
+    sparse_or_narrow,
+)
 
 #: how far below 1 lamb's betas must be in float32: ``1 - beta**t`` then cannot round to 0
 LAMB_BETA_GAP = 2.0**-20
@@ -147,5 +162,25 @@ def adafactor_proof(config: Any) -> Prove:
         return [squared, kept * config.epsilon_1 >= ADAFACTOR_LEAST_MOMENT,
                 (1 - kept) * largest + kept * (f64(squared) + config.epsilon_1) < FLOAT32_BOUND,
                 decayed * decayed < FLOAT32_BOUND, step_bound < FLOAT32_BOUND]
+
+    return prove
+
+
+def adamw_proof(config: Any) -> Prove:
+    import tensorflow as tf
+
+    adam, step_bound = adam_proof(config), adam_step_bound(config)
+    lr, decay = hyper(config.learning_rate), hyper(config.weight_decay)
+
+    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
+              ) -> list[Any] | None:
+        required = adam(inputs, read_state, variables)
+        present = [v for g, v in zip(inputs, variables) if g is not None]
+        if required is None or not present:
+            return required
+        # in float64, compared with float32's maximum: NaN/Inf fail too
+        weights = tf.cast(weight_norm_bound(present), tf.float64)
+        rate = tf.abs(tf.cast(decay(), tf.float64) * tf.cast(lr(), tf.float64))
+        return [*required, step_bound(read_state) + weights * rate < FLOAT32_BOUND]
 
     return prove
