@@ -20,6 +20,8 @@ from .proofs import (
     adagrad_provable,
     adam_proof,
     adam_provable,
+    adamax_proof,
+    adamax_provable,
     clip_proof,
     clip_provable,
     float32,
@@ -46,6 +48,8 @@ class _Proof(NamedTuple):
 
 _LARGEST_STATE = "its state's largest element"
 _WEIGHTS = "its weights' norm"
+# CheckedWhereItFails: conditions training may fail (a large norm, a long run, a
+# scheduled rate): a step that fails one is checked there, not skipped
 _PROOFS: dict[str, _Proof] = {
     "clip_by_global_norm": _Proof(clip_provable, clip_proof),
     "sgd": _Proof(sgd_provable, sgd_proof),
@@ -57,9 +61,9 @@ _PROOFS: dict[str, _Proof] = {
                       lambda c: mean_square_proof(c, "velocity", float32(c.rho),
                                                   float32(1.0 - c.rho)),
                       reads=(_LARGEST_STATE,)),
-    # their conditions may fail in training (a large norm, a long run): checked there
     "lamb": _Proof(lamb_provable, lambda c: CheckedWhereItFails(lamb_proof(c)),
                    reads=(_WEIGHTS,)),
+    "adamax": _Proof(adamax_provable, lambda c: CheckedWhereItFails(adamax_proof(c))),
     "adamw": _Proof(adam_provable, lambda c: CheckedWhereItFails(adamw_proof(c)),
                     reads=(_WEIGHTS,)),
     "adafactor": _Proof(adafactor_provable, lambda c: CheckedWhereItFails(adafactor_proof(c)),

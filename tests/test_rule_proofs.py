@@ -1,0 +1,78 @@
+"""``adamax`` proved finite from its input's norm.
+
+Its step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|`` and a
+denominator of at least ``(1 - beta_1) epsilon``: the step stays within ``2 lr /
+(1 - beta_1) * 2**64 / epsilon``, required below the float32 maximum (at build
+for a constant rate, at each step for a scheduled one). Where a scheduled rate
+fails it, the step is checked, not skipped. Each path is held to the maths
+checked as a third party's (``checked_copy``): the same steps applied, the same
+weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import gradpipe
+from conftest import checked_copy
+
+PATHS = {"plain": [],  # one conditional over the whole step, not compiled
+         "per-variable": [],  # compiled: an XLA function per shape
+         # compiled whole: a clip reads every gradient (1e30: it never clips)
+         "whole": [{"kind": "clip_by_global_norm", "clip_norm": 1e30}]}
+
+
+def _schedule(end: float) -> dict:
+    """A rate of 0.01 at the first step, ``end`` from the second on."""
+    return {"lr": {"kind": "linear", "start": 0.01, "end": end, "steps": 1}}
+
+
+@pytest.mark.parametrize("options, proved", [
+    ({}, True),
+    ({"learning_rate": "@lr"}, True),  # each step requires its own
+    ({"learning_rate": 1e10}, True),  # 2 * 1e10 / 0.1 * 2**64 / 1e-7 = 3.7e37
+    ({"learning_rate": 1e12}, False),  # 3.7e39: the step may overflow
+    ({"beta_1": "@lr"}, False),  # a scheduled beta_1: checked
+    ({"epsilon": 0.0}, False),  # 0 / 0 where m and u are 0
+    ({"epsilon": 1e-40}, False),  # (1 - beta_1) epsilon is not a normal float32
+])
+def test_adamaxs_outputs_are_proved_only_where_its_bound_holds(options, proved):
+    pipe = gradpipe.build({"schedules": _schedule(0.02),
+                           "transforms": [{"kind": "adamax", **options}]})
+    pipe.build([tf.Variable([1.0])])
+    assert ("adamax at transforms[0]: proved from its input's norm (gradpipe knows its "
+            "maths)" in pipe.plan.checks[0]) is proved, pipe.plan.checks[0]
+
+
+def _run(kind: str, path: str, end: float, grads: list[list[np.ndarray]]):
+    variables = [tf.Variable(np.full((6, 4), 0.5, "f4")), tf.Variable(np.zeros(4, "f4"))]
+    pipe = gradpipe.build({"schedules": _schedule(end),
+                           "pipeline": {"jit_compile": path != "plain"},
+                           "transforms": [*PATHS[path], {"kind": kind,
+                                                         "learning_rate": "@lr"}]})
+    pipe.build(variables)
+    step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+    applied = [bool(step([tf.constant(x) for x in g])) for g in grads]
+    return applied, [v.numpy() for v in variables], pipe.plan
+
+
+ONES = [np.ones((6, 4), "f4"), np.ones(4, "f4")]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("end, applied", [
+    (0.02, [True] * 3),
+    (1e30, [True] * 3),  # past the bound (2e56), but each step is about 1e30: checked
+    # an end past float32: the rate is infinite, NaN at the first step (inf * 0)
+    (1e39, [False] * 3),
+])
+def test_adamax_applies_exactly_the_steps_a_check_applies(path, end, applied):
+    (by_proof, weights, plan), (by_check, reference, _) = (
+        _run(kind, path, end, [ONES] * 3) for kind in ("adamax", checked_copy("adamax")))
+    assert "proved" in plan.checks[-1]
+    assert by_proof == by_check == applied
+    for a, b in zip(weights, reference):
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, b)
