@@ -1,4 +1,4 @@
-"""``adamax`` proved finite from its input's norm.
+"""``adamax`` proved finite from its input's norm; every proof's epsilon a normal float32.
 
 Its step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|`` and a
 denominator of at least ``(1 - beta_1) epsilon``: the step stays within ``2 lr /
@@ -76,3 +76,18 @@ def test_adamax_applies_exactly_the_steps_a_check_applies(path, end, applied):
     for a, b in zip(weights, reference):
         assert np.isfinite(a).all()
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw", "lamb", "adamax"])
+@pytest.mark.parametrize("path", ["plain", "whole"])
+def test_an_epsilon_that_rounds_to_0_is_checked(kind, path):
+    """``epsilon = 1e-50`` is 0 in float32: at a rate of 0 the bound holds, but a zero
+    gradient with zero moments gives 0 / 0. Such an epsilon is not proved: the step
+    is checked and skipped, and the weights keep their values."""
+    variable = tf.Variable([1.0, 2.0])
+    pipe = gradpipe.build({"pipeline": {"jit_compile": path != "plain"}, "transforms": [
+        *PATHS[path], {"kind": kind, "learning_rate": 0.0, "epsilon": 1e-50}]})
+    pipe.build([variable])
+    assert "proved" not in pipe.plan.checks[-1]
+    assert not bool(pipe.apply_gradients([(tf.constant([0.0, 1.0]), variable)]))
+    np.testing.assert_array_equal(variable.numpy(), [1.0, 2.0])

@@ -17,9 +17,10 @@ every earlier transform's outputs are proved or checked in turn.
   below the float32 maximum while ``lr * 2**64 / (1 - mu) * (1 + mu)`` does.
   Sparse inputs are checked instead: their rows cost less to check than a bound,
   which would need their duplicate rows summed first.
-* ``adam`` with ``epsilon > 0``: ``|m|`` stays below ``max|g|``, so the step
-  ``alpha * |m| / (sqrt(v) + epsilon)`` stays below ``alpha * 2**64 / epsilon``:
-  finite while that is below the float32 maximum. At a constant rate and
+* ``adam`` with ``epsilon`` a normal float32 (``LEAST_EPSILON``): ``|m|`` stays
+  below ``max|g|``, so the step ``alpha * |m| / (sqrt(v) + epsilon)`` stays below
+  ``alpha * 2**64 / epsilon``: finite while that is below the float32 maximum.
+  (A smaller epsilon rounds to 0: ``0 / (0 + 0)`` at a rate of 0.) At a constant rate and
   beta_1 the config proves it for every step (``alpha <= 2 lr / (1 - beta_1)``);
   under a schedule each step requires its own ``alpha`` below it, and the
   betas in [0, 1).
@@ -104,8 +105,13 @@ def adam_step_size_bound(config: Any) -> float | None:
     return 2 * lr / one_minus_b1 if one_minus_b1 > 0 else float("inf")
 
 
+#: the least float32 epsilon a proof takes: the least normal float32. A smaller one
+#: rounds to 0 or loses its precision, and ``0 / (0 + epsilon)`` could be 0/0.
+LEAST_EPSILON = 2.0**-126
+
+
 def adam_provable(config: Any) -> bool:
-    if config.epsilon <= 0:
+    if float32(config.epsilon) < LEAST_EPSILON:
         return False  # 0/0
     largest = adam_step_size_bound(config)
     largest = SCHEDULED_ALPHA_BOUND if largest is None else largest

@@ -6,7 +6,7 @@ assumes its inputs finite and reads the weights' norm through
 ``weight_norm_bound``: the norm of the variables' group, read once per step,
 where checking the outputs would read every array the maths writes.
 
-* ``lamb`` with ``epsilon > 0`` and betas at least ``2**-20`` below 1 in float32:
+* ``lamb`` with ``epsilon`` a normal float32 and betas at least ``2**-20`` below 1 in float32:
   its moments are Adam's, so ``|m_hat| <= 2**64 / (1 - beta_1)`` and the
   direction ``u = m_hat / (sqrt(v_hat) + epsilon)`` stays within ``D = 2**64 /
   ((1 - beta_1) * epsilon)`` (a ``v_hat`` that overflows gives 0). Its update
@@ -57,6 +57,7 @@ from .bounds import largest_element, squared_bound, weight_norm_bound
 from .proofs import (
     FLOAT32_BOUND,
     LARGEST_ELEMENT,
+    LEAST_EPSILON,
     Prove,
     adam_proof,
     adam_step_bound,
@@ -78,7 +79,7 @@ def _lamb_direction_bound(config: Any, beta_1: float) -> float:
 
 def lamb_provable(config: Any) -> bool:
     lr, b1, b2 = config.learning_rate, config.beta_1, config.beta_2
-    if config.epsilon <= 0:
+    if float32(config.epsilon) < LEAST_EPSILON:
         return False  # 0/0 where a moment is 0
     if any(is_constant(b) and float32(1.0 - float32(b)) < LAMB_BETA_GAP for b in (b1, b2)):
         return False
