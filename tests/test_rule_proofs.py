@@ -1,10 +1,12 @@
-"""``adamax`` proved finite from its input's norm; every proof's epsilon a normal float32.
+"""``adamax`` and ``nadam`` proved finite from their input's norm; every proof's
+epsilon a normal float32.
 
-Its step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|`` and a
-denominator of at least ``(1 - beta_1) epsilon``: the step stays within ``2 lr /
-(1 - beta_1) * 2**64 / epsilon``, required below the float32 maximum (at build
-for a constant rate, at each step for a scheduled one). Where a scheduled rate
-fails it, the step is checked, not skipped. Each path is held to the maths
+Adamax's step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|``
+and a denominator of at least ``(1 - beta_1) epsilon``: the step stays within
+``2 lr / (1 - beta_1) * 2**64 / epsilon``; Nadam's within twice that. The bound
+is required below the float32 maximum (at build for a constant rate, at each
+step for a scheduled one). Where a scheduled rate fails it, the step is
+checked, not skipped. Each path is held to the maths
 checked as a third party's (``checked_copy``): the same steps applied, the same
 weights.
 """
@@ -46,6 +48,23 @@ def test_adamaxs_outputs_are_proved_only_where_its_bound_holds(options, proved):
             "maths)" in pipe.plan.checks[0]) is proved, pipe.plan.checks[0]
 
 
+@pytest.mark.parametrize("options, proved", [
+    ({}, True),
+    ({"learning_rate": "@lr"}, True),  # each step requires its own
+    ({"learning_rate": 1e10}, True),  # 4 * 1e10 / 0.1 * 2**64 / 1e-7 = 7.4e37
+    ({"learning_rate": 1e11}, False),  # 7.4e38: the step may overflow
+    ({"beta_2": "@lr"}, False),  # a scheduled beta: checked
+    ({"beta_1": 0.99999999}, False),  # 1.0 in float32: 1 - prod u_t can be 0
+    ({"epsilon": 0.0}, False),  # 0 / 0 where m and v are 0
+])
+def test_nadams_outputs_are_proved_only_where_its_bound_holds(options, proved):
+    pipe = gradpipe.build({"schedules": _schedule(0.02),
+                           "transforms": [{"kind": "nadam", **options}]})
+    pipe.build([tf.Variable([1.0])])
+    assert ("nadam at transforms[0]: proved from its input's norm (gradpipe knows its "
+            "maths)" in pipe.plan.checks[0]) is proved, pipe.plan.checks[0]
+
+
 def _run(kind: str, path: str, end: float, grads: list[list[np.ndarray]]):
     variables = [tf.Variable(np.full((6, 4), 0.5, "f4")), tf.Variable(np.zeros(4, "f4"))]
     pipe = gradpipe.build({"schedules": _schedule(end),
@@ -61,16 +80,17 @@ def _run(kind: str, path: str, end: float, grads: list[list[np.ndarray]]):
 ONES = [np.ones((6, 4), "f4"), np.ones(4, "f4")]
 
 
+@pytest.mark.parametrize("kind", ["adamax", "nadam"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("end, applied", [
     (0.02, [True] * 3),
-    (1e30, [True] * 3),  # past the bound (2e56), but each step is about 1e30: checked
+    (1e30, [True] * 3),  # past the bound (about 1e56), but each step is near 1e30: checked
     # an end past float32: the rate is infinite, NaN at the first step (inf * 0)
     (1e39, [False] * 3),
 ])
-def test_adamax_applies_exactly_the_steps_a_check_applies(path, end, applied):
+def test_the_steps_applied_are_exactly_those_a_check_applies(kind, path, end, applied):
     (by_proof, weights, plan), (by_check, reference, _) = (
-        _run(kind, path, end, [ONES] * 3) for kind in ("adamax", checked_copy("adamax")))
+        _run(k, path, end, [ONES] * 3) for k in (kind, checked_copy(kind)))
     assert "proved" in plan.checks[-1]
     assert by_proof == by_check == applied
     for a, b in zip(weights, reference):
@@ -78,7 +98,7 @@ def test_adamax_applies_exactly_the_steps_a_check_applies(path, end, applied):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("kind", ["adam", "adamw", "lamb", "adamax"])
+@pytest.mark.parametrize("kind", ["adam", "adamw", "lamb", "adamax", "nadam"])
 @pytest.mark.parametrize("path", ["plain", "whole"])
 def test_an_epsilon_that_rounds_to_0_is_checked(kind, path):
     """``epsilon = 1e-50`` is 0 in float32: at a rate of 0 the bound holds, but a zero

@@ -1,10 +1,10 @@
 """Which of gradpipe's own transforms the engine proves finite, and how.
 
-The proofs live in :mod:`gradpipe._engine.proofs` and
-:mod:`gradpipe._engine.weight_proofs`; this table names them for the plan and
-the build. Proofs are never taken from a plugin: a plugin's word that its
-outputs are finite could be wrong, and a wrong one would write NaN into the
-weights.
+The proofs live in :mod:`gradpipe._engine.proofs`,
+:mod:`gradpipe._engine.rate_proofs` and :mod:`gradpipe._engine.weight_proofs`;
+this table names them for the plan and the build. Proofs are never taken from
+a plugin: a plugin's word that its outputs are finite could be wrong, and a
+wrong one would write NaN into the weights.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from .proofs import (
     adagrad_provable,
     adam_proof,
     adam_provable,
-    adamax_proof,
-    adamax_provable,
     clip_proof,
     clip_provable,
     float32,
@@ -30,6 +28,7 @@ from .proofs import (
     sgd_proof,
     sgd_provable,
 )
+from .rate_proofs import adamax_proof, adamax_provable, nadam_proof, nadam_provable
 from .weight_proofs import (
     adafactor_proof,
     adafactor_provable,
@@ -64,6 +63,7 @@ _PROOFS: dict[str, _Proof] = {
     "lamb": _Proof(lamb_provable, lambda c: CheckedWhereItFails(lamb_proof(c)),
                    reads=(_WEIGHTS,)),
     "adamax": _Proof(adamax_provable, lambda c: CheckedWhereItFails(adamax_proof(c))),
+    "nadam": _Proof(nadam_provable, lambda c: CheckedWhereItFails(nadam_proof(c))),
     "adamw": _Proof(adam_provable, lambda c: CheckedWhereItFails(adamw_proof(c)),
                     reads=(_WEIGHTS,)),
     "adafactor": _Proof(adafactor_provable, lambda c: CheckedWhereItFails(adafactor_proof(c)),

@@ -24,9 +24,6 @@ every earlier transform's outputs are proved or checked in turn.
   beta_1 the config proves it for every step (``alpha <= 2 lr / (1 - beta_1)``);
   under a schedule each step requires its own ``alpha`` below it, and the
   betas in [0, 1).
-* ``adamax`` with ``beta_1`` constant and ``(1 - beta_1) epsilon`` a normal
-  float32: its denominator ``(1 - beta_1**t) (u + epsilon)`` is at least that,
-  so its step stays within ``adam``'s bound at ``alpha = lr / (1 - beta_1)``.
 * ``adagrad`` and ``rmsprop`` (not centred, ``rho`` constant and below 1), with
   ``epsilon >= 1e-30``: their new average of squares ``v`` (adagrad's ``acc +=
   g**2``, rmsprop's ``rho v + (1 - rho) g**2``) is at least ``k g**2`` (``k``
@@ -44,7 +41,9 @@ every earlier transform's outputs are proved or checked in turn.
   Centred, ``v - avg**2`` can round below zero: checked.
 
 ``lamb``, ``adafactor`` and ``adamw``, whose steps scale with their weights'
-norm, are proved in :mod:`gradpipe._engine.weight_proofs`; ``proof_table`` names every
+norm, are proved in :mod:`gradpipe._engine.weight_proofs`; ``adamax`` and
+``nadam``, whose steps stay within a multiple of the rate, in
+:mod:`gradpipe._engine.rate_proofs`; ``proof_table`` names every
 proof.
 
 As for ``adam``'s second moment, a proof takes the state the engine wrote (or
@@ -224,47 +223,6 @@ def adam_proof(config: Any) -> Prove:
         if None in (getattr(beta_1, "constant", None), getattr(beta_2, "constant", None)):
             b1, b2 = beta_1(), beta_2()
             required.append((b1 >= 0) & (b1 < 1) & (b2 >= 0) & (b2 < 1))
-        return required
-
-    return prove
-
-
-#: the least ``(1 - beta_1) * epsilon`` of adamax's proof: a normal float32, so that its
-#: denominator ``(1 - beta_1**t) * (u + epsilon)`` cannot round to 0
-ADAMAX_LEAST_DENOMINATOR = 2.0**-125
-
-
-def adamax_provable(config: Any) -> bool:
-    b1, eps = config.beta_1, config.epsilon
-    if not is_constant(b1) or eps <= 0:
-        return False
-    if float32(1.0 - float32(b1)) * float32(eps) < ADAMAX_LEAST_DENOMINATOR:
-        return False
-    largest = adam_step_size_bound(config)  # 2 lr / (1 - beta_1), at a constant rate
-    return largest is None or largest * LARGEST_ELEMENT / eps < FLOAT32_BOUND
-
-
-def adamax_proof(config: Any) -> Prove:
-    """``lr * m / ((1 - beta_1**t) (u + epsilon))``: ``|m| <= max|g|`` as for ``adam``,
-    and the denominator is at least ``(1 - beta_1) epsilon`` (``u >= 0``), so the
-    step stays within ``2 lr / (1 - beta_1) * 2**64 / epsilon``; ``u = max(beta_2
-    u, |g|)`` stays finite for ``beta_2`` in [0, 1]."""
-    import tensorflow as tf
-
-    lr, beta_2 = hyper(config.learning_rate), hyper(config.beta_2)
-    scheduled_rate = not is_constant(config.learning_rate)
-    per_rate = 2 / float32(1.0 - float32(config.beta_1)) * (LARGEST_ELEMENT / config.epsilon)
-
-    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
-        if sparse_or_narrow(inputs):
-            return None
-        required = [squared_bound(inputs)]
-        if scheduled_rate:  # in float64, compared with float32's maximum: NaN/Inf fail too
-            required.append(tf.abs(tf.cast(lr(), tf.float64)) * per_rate < FLOAT32_BOUND)
-        if not is_constant(config.beta_2):
-            b2 = beta_2()
-            required.append((b2 >= 0) & (b2 <= 1))
         return required
 
     return prove

@@ -1,0 +1,108 @@
+"""Proofs of the rules whose step stays within a multiple of their rate: ``adamax``,
+``nadam``.
+
+As :mod:`gradpipe._engine.proofs`' own, each holds for gradpipe's maths only and
+assumes its inputs finite (a finite sum of squares bounds every element by
+``2**64``); the first moment, an average of the gradients, stays within that too.
+Each requires ``|lr| * K`` below the float32 maximum, once at build for a constant
+rate, at each step for a scheduled one (where it fails, the step is checked):
+
+* ``adamax`` with a constant ``beta_1`` and ``(1 - beta_1) epsilon`` a normal
+  float32: its step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has a
+  denominator of at least ``(1 - beta_1) epsilon`` (``u >= 0``, and ``beta_1**t
+  <= beta_1``), so ``K = 2 / (1 - beta_1) * 2**64 / epsilon`` (the 2: rounding);
+  its ``u = max(beta_2 u, |g|)`` stays finite for ``beta_2`` in [0, 1].
+* ``nadam`` with constant betas below 1 in float32 and ``epsilon`` a normal
+  float32: Dozat's ``u_t = beta_1 (1 - 0.5 * 0.96**t)`` and their running product
+  (after the first step) are at most ``beta_1``, so ``m_hat = u_{t+1} m / (1 -
+  prod u) + (1 - u_t) g / (1 - prod u)`` stays within ``2 * 2**64 / (1 -
+  beta_1)``; ``sqrt(v_hat) + epsilon`` is at least ``epsilon`` (an overflowing
+  ``v_hat`` gives a step of 0), so ``K = 4 / (1 - beta_1) * 2**64 / epsilon``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..fields import is_constant
+from ..transform import hyper
+from .bounds import squared_bound
+from .proofs import (
+    FLOAT32_BOUND,
+    LARGEST_ELEMENT,
+    LEAST_EPSILON,
+    Prove,
+    float32,
+    sparse_or_narrow,
+)
+
+#: the least ``(1 - beta_1) * epsilon`` of adamax's proof: a normal float32, so that its
+#: denominator ``(1 - beta_1**t) * (u + epsilon)`` cannot round to 0
+ADAMAX_LEAST_DENOMINATOR = 2.0**-125
+
+
+def _below_one(beta: Any) -> bool:
+    """A constant beta whose ``1 - beta`` float32 does not round to 0."""
+    return is_constant(beta) and float32(1.0 - float32(beta)) > 0
+
+
+def _per_rate(config: Any, factor: float) -> float:
+    """``K``: the step's bound per unit of rate."""
+    return factor / float32(1.0 - float32(config.beta_1)) * (LARGEST_ELEMENT / config.epsilon)
+
+
+def _rate_provable(config: Any, factor: float) -> bool:
+    lr = config.learning_rate
+    return not is_constant(lr) or lr * _per_rate(config, factor) < FLOAT32_BOUND
+
+
+def _rate_proof(config: Any, factor: float,
+                more: Callable[[], list[Any]] = lambda: []) -> Prove:
+    """The proof of a step within ``|lr| * K``: a finite sum of squares of the inputs,
+    the scheduled rate's ``|lr| * K`` below the float32 maximum, and ``more()``."""
+    import tensorflow as tf
+
+    lr, per_rate = hyper(config.learning_rate), _per_rate(config, factor)
+    scheduled_rate = not is_constant(config.learning_rate)
+
+    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
+              ) -> list[Any] | None:
+        if sparse_or_narrow(inputs):
+            return None
+        required = [squared_bound(inputs), *more()]
+        if scheduled_rate:  # in float64, compared with float32's maximum: NaN/Inf fail too
+            required.append(tf.abs(tf.cast(lr(), tf.float64)) * per_rate < FLOAT32_BOUND)
+        return required
+
+    return prove
+
+
+def adamax_provable(config: Any) -> bool:
+    if not _below_one(config.beta_1) or config.epsilon <= 0:
+        return False
+    if float32(1.0 - float32(config.beta_1)) * float32(config.epsilon) \
+            < ADAMAX_LEAST_DENOMINATOR:
+        return False
+    return _rate_provable(config, 2.0)
+
+
+def adamax_proof(config: Any) -> Prove:
+    beta_2 = hyper(config.beta_2)
+
+    def beta_2_in_range() -> list[Any]:
+        if is_constant(config.beta_2):
+            return []
+        b2 = beta_2()
+        return [(b2 >= 0) & (b2 <= 1)]
+
+    return _rate_proof(config, 2.0, beta_2_in_range)
+
+
+def nadam_provable(config: Any) -> bool:
+    return (_below_one(config.beta_1) and _below_one(config.beta_2)
+            and float32(config.epsilon) >= LEAST_EPSILON and _rate_provable(config, 4.0))
+
+
+def nadam_proof(config: Any) -> Prove:
+    return _rate_proof(config, 4.0)
