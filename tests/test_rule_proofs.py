@@ -6,9 +6,8 @@ and a denominator of at least ``(1 - beta_1) epsilon``: the step stays within
 ``2 lr / (1 - beta_1) * 2**64 / epsilon``; Nadam's within twice that. The bound
 is required below the float32 maximum (at build for a constant rate, at each
 step for a scheduled one). Where a scheduled rate fails it, the step is
-checked, not skipped. Each path is held to the maths
-checked as a third party's (``checked_copy``): the same steps applied, the same
-weights.
+checked, not skipped. Each path is held to the maths checked as a third
+party's (``checked_copy``): the same steps applied, the same weights.
 """
 
 from __future__ import annotations
