@@ -69,6 +69,7 @@ def _run(kind: str, path: str, end: float, grads: list[list[np.ndarray]]):
 ONES = [np.ones((6, 4), "f4"), np.ones(4, "f4")]
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e39
 @pytest.mark.parametrize("kind", ["adamax", "nadam"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("end, applied", [
