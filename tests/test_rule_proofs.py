@@ -1,12 +1,12 @@
-"""``adamax`` and ``nadam`` proved finite from their input's norm; every proof's
-epsilon a normal float32.
+"""``adamax``, ``nadam`` and ``lion`` proved finite from their input's norm; every
+proof's epsilon a normal float32.
 
 Adamax's step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|``
 and a denominator of at least ``(1 - beta_1) epsilon``: the step stays within
-``2 lr / (1 - beta_1) * 2**64 / epsilon``; Nadam's within twice that. The bound
-is required below the float32 maximum (at build for a constant rate, at each
-step for a scheduled one). Where a scheduled rate fails it, the step is
-checked, not skipped. Each path is held to the maths checked as a third
+``2 lr / (1 - beta_1) * 2**64 / epsilon``; Nadam's within twice that, Lion's
+within the rate (a sign). The bound is required below the float32 maximum (at
+build for a constant rate, at each step for a scheduled one). Where a scheduled
+rate fails it, the step is checked, not skipped. Each path is held to the maths checked as a third
 party's (``checked_copy``): the same steps applied, the same weights.
 """
 
@@ -45,6 +45,9 @@ def _schedule(end: float) -> dict:
     ("nadam", {"beta_2": "@lr"}, False),  # a scheduled beta: checked
     ("nadam", {"beta_1": 0.99999999}, False),  # 1.0 in float32: 1 - prod u_t can be 0
     ("nadam", {"epsilon": 0.0}, False),  # 0 / 0 where m and v are 0
+    ("lion", {}, True),
+    ("lion", {"learning_rate": "@lr", "beta_1": "@lr"}, True),  # each step requires its own
+    ("lion", {"learning_rate": 1e39}, False),  # inf in float32: inf * sign 0 is NaN
 ])
 def test_outputs_are_proved_only_where_the_bound_holds(kind, options, proved):
     pipe = gradpipe.build({"schedules": _schedule(0.02),
@@ -70,7 +73,7 @@ ONES = [np.ones((6, 4), "f4"), np.ones(4, "f4")]
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e39
-@pytest.mark.parametrize("kind", ["adamax", "nadam"])
+@pytest.mark.parametrize("kind", ["adamax", "nadam", "lion"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("end, applied", [
     (0.02, [True] * 3),

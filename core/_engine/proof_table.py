@@ -28,7 +28,14 @@ from .proofs import (
     sgd_proof,
     sgd_provable,
 )
-from .rate_proofs import adamax_proof, adamax_provable, nadam_proof, nadam_provable
+from .rate_proofs import (
+    adamax_proof,
+    adamax_provable,
+    lion_proof,
+    lion_provable,
+    nadam_proof,
+    nadam_provable,
+)
 from .weight_proofs import (
     adafactor_proof,
     adafactor_provable,
@@ -64,6 +71,7 @@ _PROOFS: dict[str, _Proof] = {
                    reads=(_WEIGHTS,)),
     "adamax": _Proof(adamax_provable, lambda c: CheckedWhereItFails(adamax_proof(c))),
     "nadam": _Proof(nadam_provable, lambda c: CheckedWhereItFails(nadam_proof(c))),
+    "lion": _Proof(lion_provable, lambda c: CheckedWhereItFails(lion_proof(c))),
     "adamw": _Proof(adam_provable, lambda c: CheckedWhereItFails(adamw_proof(c)),
                     reads=(_WEIGHTS,)),
     "adafactor": _Proof(adafactor_provable, lambda c: CheckedWhereItFails(adafactor_proof(c)),

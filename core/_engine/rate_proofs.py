@@ -1,5 +1,5 @@
 """Proofs of the rules whose step stays within a multiple of their rate: ``adamax``,
-``nadam``.
+``nadam``, ``lion``.
 
 As :mod:`gradpipe._engine.proofs`' own, each holds for gradpipe's maths only and
 assumes its inputs finite (a finite sum of squares bounds every element by
@@ -18,6 +18,9 @@ rate, at each step for a scheduled one (where it fails, the step is checked):
   prod u) + (1 - u_t) g / (1 - prod u)`` stays within ``2 * 2**64 / (1 -
   beta_1)``; ``sqrt(v_hat) + epsilon`` is at least ``epsilon`` (an overflowing
   ``v_hat`` gives a step of 0), so ``K = 4 / (1 - beta_1) * 2**64 / epsilon``.
+* ``lion``: its step ``lr * sign(beta_1 m + (1 - beta_1) g)`` is the rate times
+  -1, 0 or 1 (the sign's argument, a weighted mean of values within ``2**64``, is
+  finite), so ``K = 1``; scheduled betas must stay in [0, 1].
 """
 
 from __future__ import annotations
@@ -52,18 +55,19 @@ def _per_rate(config: Any, factor: float) -> float:
     return factor / float32(1.0 - float32(config.beta_1)) * (LARGEST_ELEMENT / config.epsilon)
 
 
-def _rate_provable(config: Any, factor: float) -> bool:
+def _rate_provable(config: Any, per_rate: float) -> bool:
     lr = config.learning_rate
-    return not is_constant(lr) or lr * _per_rate(config, factor) < FLOAT32_BOUND
+    return not is_constant(lr) or lr * per_rate < FLOAT32_BOUND
 
 
-def _rate_proof(config: Any, factor: float,
+def _rate_proof(config: Any, per_rate: float,
                 more: Callable[[], list[Any]] = lambda: []) -> Prove:
-    """The proof of a step within ``|lr| * K``: a finite sum of squares of the inputs,
-    the scheduled rate's ``|lr| * K`` below the float32 maximum, and ``more()``."""
+    """The proof of a step within ``|lr| * K`` (``per_rate``): a finite sum of squares
+    of the inputs, the scheduled rate's ``|lr| * K`` below the float32 maximum, and
+    ``more()``."""
     import tensorflow as tf
 
-    lr, per_rate = hyper(config.learning_rate), _per_rate(config, factor)
+    lr = hyper(config.learning_rate)
     scheduled_rate = not is_constant(config.learning_rate)
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
@@ -84,25 +88,37 @@ def adamax_provable(config: Any) -> bool:
     if float32(1.0 - float32(config.beta_1)) * float32(config.epsilon) \
             < ADAMAX_LEAST_DENOMINATOR:
         return False
-    return _rate_provable(config, 2.0)
+    return _rate_provable(config, _per_rate(config, 2.0))
+
+
+def _in_unit_interval(config: Any, *names: str) -> Callable[[], list[Any]]:
+    """``more()`` for a proof: each scheduled hyperparameter of ``names`` in [0, 1]."""
+    scheduled = [hyper(getattr(config, n)) for n in names
+                 if not is_constant(getattr(config, n))]
+
+    def more() -> list[Any]:
+        return [(value >= 0) & (value <= 1) for value in (h() for h in scheduled)]
+
+    return more
 
 
 def adamax_proof(config: Any) -> Prove:
-    beta_2 = hyper(config.beta_2)
-
-    def beta_2_in_range() -> list[Any]:
-        if is_constant(config.beta_2):
-            return []
-        b2 = beta_2()
-        return [(b2 >= 0) & (b2 <= 1)]
-
-    return _rate_proof(config, 2.0, beta_2_in_range)
+    return _rate_proof(config, _per_rate(config, 2.0), _in_unit_interval(config, "beta_2"))
 
 
 def nadam_provable(config: Any) -> bool:
     return (_below_one(config.beta_1) and _below_one(config.beta_2)
-            and float32(config.epsilon) >= LEAST_EPSILON and _rate_provable(config, 4.0))
+            and float32(config.epsilon) >= LEAST_EPSILON
+            and _rate_provable(config, _per_rate(config, 4.0)))
 
 
 def nadam_proof(config: Any) -> Prove:
-    return _rate_proof(config, 4.0)
+    return _rate_proof(config, _per_rate(config, 4.0))
+
+
+def lion_provable(config: Any) -> bool:
+    return _rate_provable(config, 1.0)  # a rate past float32 times a sign of 0: NaN
+
+
+def lion_proof(config: Any) -> Prove:
+    return _rate_proof(config, 1.0, _in_unit_interval(config, "beta_1", "beta_2"))
