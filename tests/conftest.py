@@ -174,6 +174,14 @@ def register_transform(name: str, factory, config=None, *,
         assert record.status == "loaded", record.error
 
 
+#: the step's paths a proof is held to the check on, and the transforms before the
+#: rule that choose each (with ``jit_compile = path != "plain"``)
+PROOF_PATHS = {"plain": [],  # one conditional over the whole step, not compiled
+               "per-variable": [],  # compiled: an XLA function per shape
+               # compiled whole: a clip reads every gradient (1e30: it never clips)
+               "whole": [{"kind": "clip_by_global_norm", "clip_norm": 1e30}]}
+
+
 def checked_copy(kind: str) -> str:
     """Register a built-in transform's very maths under a third party (once), and
     return its name: the engine checks that copy's outputs instead of proving them,

@@ -17,12 +17,8 @@ import pytest
 import tensorflow as tf
 
 import gradpipe
+from conftest import PROOF_PATHS as PATHS
 from conftest import checked_copy
-
-PATHS = {"plain": [],  # one conditional over the whole step, not compiled
-         "per-variable": [],  # compiled: an XLA function per shape
-         # compiled whole: a clip reads every gradient (1e30: it never clips)
-         "whole": [{"kind": "clip_by_global_norm", "clip_norm": 1e30}]}
 
 
 def _schedule(end: float) -> dict:

@@ -186,40 +186,34 @@ def sgd_proof(config: Any) -> Prove:
     return prove
 
 
-def adam_step_bound(config: Any) -> Callable[[Callable[[], Any]], Any]:
-    """``step_bound(read_state)``: a bound of every element of adam's step ``alpha *
-    m / (sqrt(v) + epsilon)``, ``alpha * 2**64 / epsilon``: a float at a constant rate
-    and beta_1 (``adam_step_size_bound``), else this step's, a float64 scalar."""
+def adam_proof(config: Any, added: Callable[[list[Any]], Any] | None = None) -> Prove:
+    """``adam``'s proof; with ``added(variables)``, a float64 bound of a term each step
+    adds to every element of the step (``adamw``'s decay), for the variables given
+    a gradient."""
     import tensorflow as tf
 
     lr, beta_1, beta_2 = (hyper(v) for v in (config.learning_rate, config.beta_1,
                                               config.beta_2))
+    # a bound of every element of the step, alpha * 2**64 / epsilon: once for every
+    # step at a constant rate and beta_1, else this step's
     largest = adam_step_size_bound(config)
-
-    def step_bound(read_state: Callable[[], Any]) -> Any:
-        if largest is not None:
-            return largest * (LARGEST_ELEMENT / config.epsilon)
-        step = tf.cast(read_state().count + 1, tf.float32)
-        alpha = lr() * tf.sqrt(1 - tf.pow(beta_2(), step)) / (1 - tf.pow(beta_1(), step))
-        return tf.cast(alpha, tf.float64) * (LARGEST_ELEMENT / config.epsilon)
-
-    return step_bound
-
-
-def adam_proof(config: Any) -> Prove:
-    import tensorflow as tf
-
-    beta_1, beta_2 = hyper(config.beta_1), hyper(config.beta_2)
-    step_bound = adam_step_bound(config)
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
               ) -> list[Any] | None:
         if sparse_or_narrow(inputs):
             return None
         required = [squared_bound(inputs)]
-        bound = step_bound(read_state)
-        if isinstance(bound, tf.Tensor):  # scheduled: in float64, NaN/Inf fail too
-            required.append(bound < FLOAT32_BOUND)
+        if largest is not None:
+            bound: Any = largest * (LARGEST_ELEMENT / config.epsilon)
+        else:
+            step = tf.cast(read_state().count + 1, tf.float32)
+            alpha = lr() * tf.sqrt(1 - tf.pow(beta_2(), step)) / (1 - tf.pow(beta_1(), step))
+            bound = tf.cast(alpha, tf.float64) * (LARGEST_ELEMENT / config.epsilon)
+        if added is not None and (present := [v for g, v in zip(inputs, variables)
+                                              if g is not None]):
+            bound = bound + added(present)
+        if isinstance(bound, tf.Tensor):  # in float64, compared with float32's maximum:
+            required.append(bound < FLOAT32_BOUND)  # NaN/Inf fail too
         if None in (getattr(beta_1, "constant", None), getattr(beta_2, "constant", None)):
             b1, b2 = beta_1(), beta_2()
             required.append((b1 >= 0) & (b1 < 1) & (b2 >= 0) & (b2 < 1))

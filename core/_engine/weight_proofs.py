@@ -35,7 +35,7 @@ where checking the outputs would read every array the maths writes.
   Factored (rank 2 or more), ``(r / mean(r)) c`` underflows to 0 where a row and
   a column of the gradient are 0 (Keras's maths gives 0/0 there): checked.
 
-* ``adamw``: ``adam``'s step (``adam_step_bound``: ``alpha * 2**64 / epsilon``)
+* ``adamw``: ``adam``'s step (within ``alpha * 2**64 / epsilon``)
   plus its decay ``w * weight_decay * lr``, within ``||w|| |weight_decay * lr|``:
   each step requires ``adam``'s conditions and the sum of the two below the
   float32 maximum (its state is ``adam``'s, proved as ``adam``'s).
@@ -60,7 +60,6 @@ from .proofs import (
     LEAST_EPSILON,
     Prove,
     adam_proof,
-    adam_step_bound,
     float32,
     sparse_or_narrow,
 )
@@ -170,18 +169,11 @@ def adafactor_proof(config: Any) -> Prove:
 def adamw_proof(config: Any) -> Prove:
     import tensorflow as tf
 
-    adam, step_bound = adam_proof(config), adam_step_bound(config)
     lr, decay = hyper(config.learning_rate), hyper(config.weight_decay)
 
-    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
-        required = adam(inputs, read_state, variables)
-        present = [v for g, v in zip(inputs, variables) if g is not None]
-        if required is None or not present:
-            return required
-        # in float64, compared with float32's maximum: NaN/Inf fail too
+    def decay_bound(present: list[Any]) -> Any:
+        """``||w|| |weight_decay * lr|``, in float64."""
         weights = tf.cast(weight_norm_bound(present), tf.float64)
-        rate = tf.abs(tf.cast(decay(), tf.float64) * tf.cast(lr(), tf.float64))
-        return [*required, step_bound(read_state) + weights * rate < FLOAT32_BOUND]
+        return weights * tf.abs(tf.cast(decay(), tf.float64) * tf.cast(lr(), tf.float64))
 
-    return prove
+    return adam_proof(config, decay_bound)
