@@ -1,13 +1,17 @@
-"""``adamax``, ``nadam`` and ``lion`` proved finite from their input's norm; every
-proof's epsilon a normal float32.
+"""``adamax``, ``nadam``, the sign rules (``lion``, ``sign_sgd``, ``signum``) and
+optax's ``adamaxw``, ``nadamw`` and ``radam`` proved finite from their input's
+norm (and the weights' norm where a weight decays); every proof's epsilon a
+normal float32.
 
 Adamax's step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|``
 and a denominator of at least ``(1 - beta_1) epsilon``: the step stays within
-``2 lr / (1 - beta_1) * 2**64 / epsilon``; Nadam's within twice that, Lion's
-within the rate (a sign). The bound is required below the float32 maximum (at
-build for a constant rate, at each step for a scheduled one). Where a scheduled
-rate fails it, the step is checked, not skipped. Each path is held to the maths checked as a third
-party's (``checked_copy``): the same steps applied, the same weights.
+``2 lr / (1 - beta_1) * 2**64 / epsilon``; Nadam's within twice that, the sign
+rules' within the rate. optax's rules scale by the rate last, so their bound is
+``max(1, lr) (K + weight_decay ||w||)``. The bound is required below the float32
+maximum (at build for a constant rate, at each step for a scheduled one). Where
+a scheduled rate fails it, the step is checked, not skipped. Each path is held
+to the maths checked as a third party's (``checked_copy``): the same steps
+applied, the same weights.
 """
 
 from __future__ import annotations
@@ -44,13 +48,31 @@ def _schedule(end: float) -> dict:
     ("lion", {}, True),
     ("lion", {"learning_rate": "@lr", "beta_1": "@lr"}, True),  # each step requires its own
     ("lion", {"learning_rate": 1e39}, False),  # inf in float32: inf * sign 0 is NaN
+    # optax's order, lr * (direction + weight_decay * w): K = 2 / 0.1 * 2**64 / 1e-8
+    ("adamaxw", {"weight_decay": 0.0}, True),
+    ("adamaxw", {"learning_rate": 9e9, "weight_decay": 0.0}, True),  # 3.3e38
+    ("adamaxw", {"learning_rate": 1e10, "weight_decay": 0.0}, False),  # 3.7e38
+    ("adamaxw", {"epsilon": 1e-20}, False),  # 3.7e40 before the rate of 0.001
+    ("adamaxw", {"beta_1": "@lr"}, False),
+    ("nadamw", {"weight_decay": 0.0, "learning_rate": "@lr"}, True),
+    ("nadamw", {"beta_2": 0.99999999}, False),  # 1.0 in float32: v_hat is 0 / 0
+    ("nadamw", {"epsilon": 1e-50}, False),
+    ("radam", {}, True),
+    ("radam", {"nesterov": True, "learning_rate": "@lr"}, True),
+    ("radam", {"beta_2": 0.6}, False),  # rho_inf = 4: r's denominator is 0
+    ("radam", {"beta_2": "@lr"}, False),
+    ("sign_sgd", {"learning_rate": "@lr"}, True),
+    ("sign_sgd", {"learning_rate": 1e39}, False),
+    ("signum", {"beta": "@lr"}, True),
 ])
 def test_outputs_are_proved_only_where_the_bound_holds(kind, options, proved):
     pipe = gradpipe.build({"schedules": _schedule(0.02),
                            "transforms": [{"kind": kind, **options}]})
     pipe.build([tf.Variable([1.0])])
-    assert (f"{kind} at transforms[0]: proved from its input's norm (gradpipe knows its "
-            "maths)" in pipe.plan.checks[0]) is proved, pipe.plan.checks[0]
+    assert ("weights' norm" in pipe.plan.checks[0]) == (
+        proved and kind in ("adamaxw", "nadamw") and options.get("weight_decay") != 0.0)
+    assert (f"{kind} at transforms[0]: proved from its input's norm" in pipe.plan.checks[0]
+            ) is proved, pipe.plan.checks[0]
 
 
 def _run(kind: str, path: str, end: float, grads: list[list[np.ndarray]]):
@@ -69,7 +91,9 @@ ONES = [np.ones((6, 4), "f4"), np.ones(4, "f4")]
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e39
-@pytest.mark.parametrize("kind", ["adamax", "nadam", "lion"])
+# nadamw (its proof is adamaxw's) and sign_sgd (signum's, without state) are held to
+# the check by the decay test below and the property test of test_reliability
+@pytest.mark.parametrize("kind", ["adamax", "nadam", "lion", "adamaxw", "radam", "signum"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("end, applied", [
     (0.02, [True] * 3),
@@ -78,6 +102,9 @@ ONES = [np.ones((6, 4), "f4"), np.ones(4, "f4")]
     (1e39, [False] * 3),
 ])
 def test_the_steps_applied_are_exactly_those_a_check_applies(kind, path, end, applied):
+    if end == 1e30 and kind in ("adamaxw", "nadamw"):
+        # the weights, near 1e30 after two steps, decay by 1e30 * 1e-4 * 1e30: past float32
+        applied = [True, True, False]
     (by_proof, weights, plan), (by_check, reference, _) = (
         _run(k, path, end, [ONES] * 3) for k in (kind, checked_copy(kind)))
     assert "proved" in plan.checks[-1]
@@ -87,7 +114,8 @@ def test_the_steps_applied_are_exactly_those_a_check_applies(kind, path, end, ap
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("kind", ["adam", "adamw", "lamb", "adamax", "nadam"])
+@pytest.mark.parametrize("kind", ["adam", "adamw", "lamb", "adamax", "nadam", "adamaxw",
+                                  "nadamw"])
 @pytest.mark.parametrize("path", ["plain", "whole"])
 def test_an_epsilon_that_rounds_to_0_is_checked(kind, path):
     """``epsilon = 1e-50`` is 0 in float32: at a rate of 0 the bound holds, but a zero
@@ -100,3 +128,33 @@ def test_an_epsilon_that_rounds_to_0_is_checked(kind, path):
     assert "proved" not in pipe.plan.checks[-1]
     assert not bool(pipe.apply_gradients([(tf.constant([0.0, 1.0]), variable)]))
     np.testing.assert_array_equal(variable.numpy(), [1.0, 2.0])
+
+
+@pytest.mark.parametrize("kind", ["adamaxw", "nadamw"])
+@pytest.mark.parametrize("path", PATHS)
+def test_a_decay_past_float32_is_skipped_as_a_check_skips_it(kind, path):
+    """optax's ``lr * (direction + weight_decay * w)`` at a rate of 1e-3 and a decay
+    of 1e20: ordinary weights step (to about -5e16) on both. A weight set to 1e19
+    keeps the weights' norm finite, but its decay, 1e39, overflows before the rate
+    scales it: the proof's bound takes the sum at a rate of at least 1, and the step
+    is skipped by the proof as by the check. With the weight back, the next step
+    applies on both."""
+    results = []
+    for name in (kind, checked_copy(kind)):
+        variables = [tf.Variable(np.full((6, 4), 0.5, "f4")), tf.Variable(np.zeros(4, "f4"))]
+        pipe = gradpipe.build({"pipeline": {"jit_compile": path != "plain"}, "transforms": [
+            *PATHS[path], {"kind": name, "learning_rate": 1e-3, "weight_decay": 1e20}]})
+        pipe.build(variables)
+        step = tf.function(lambda g, v=variables, p=pipe: p.apply_gradients(zip(g, v)))
+        applied = [bool(step(ONES))]
+        variables[1].assign([1e19, 0.0, 0.0, 0.0])
+        applied.append(bool(step(ONES)))
+        variables[1].assign([1.0, 0.0, 0.0, 0.0])
+        applied.append(bool(step(ONES)))
+        results.append((applied, [v.numpy() for v in variables], pipe.plan))
+    (by_proof, weights, plan), (by_check, reference, _) = results
+    assert "proved from its input's norm and its weights' norm" in plan.checks[-1]
+    assert by_proof == by_check == [True, False, True]
+    for a, b in zip(weights, reference):
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, b)

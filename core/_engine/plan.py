@@ -148,7 +148,7 @@ def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...],
         elif not spec.options.check_updates:
             out.append(where + "not checked (check_updates = false)")
         elif proof:
-            out.append(where + proof_summary(t.name))
+            out.append(where + proof_summary(t.name, t.config))
         elif how_bounded is not None and (why := how_bounded(i)) in ("norm", "range"):
             bounded.append(i)
             if why == "range":

@@ -1,7 +1,8 @@
 """Which of gradpipe's own transforms the engine proves finite, and how.
 
 The proofs live in :mod:`gradpipe._engine.proofs`,
-:mod:`gradpipe._engine.rate_proofs` and :mod:`gradpipe._engine.weight_proofs`;
+:mod:`gradpipe._engine.rate_proofs`, :mod:`gradpipe._engine.weight_proofs` and
+:mod:`gradpipe._engine.optax_proofs`;
 this table names them for the plan and the build. Proofs are never taken from
 a plugin: a plugin's word that its outputs are finite could be wrong, and a
 wrong one would write NaN into the weights.
@@ -14,6 +15,15 @@ from typing import Any, NamedTuple
 
 from ..entry_points import BUILTIN_DIST
 from ..spec import ComponentSpec
+from .optax_proofs import (
+    adamaxw_proof,
+    adamaxw_provable,
+    nadamw_proof,
+    nadamw_provable,
+    radam_proof,
+    radam_provable,
+    weights_read,
+)
 from .proofs import (
     CheckedWhereItFails,
     Prove,
@@ -31,10 +41,10 @@ from .proofs import (
 from .rate_proofs import (
     adamax_proof,
     adamax_provable,
-    lion_proof,
-    lion_provable,
     nadam_proof,
     nadam_provable,
+    sign_proof,
+    sign_provable,
 )
 from .weight_proofs import (
     adafactor_proof,
@@ -48,7 +58,8 @@ from .weight_proofs import (
 class _Proof(NamedTuple):
     provable: Callable[[Any], bool]  # from the config alone
     build: Callable[[Any], Prove]  # the step's proof, from the config
-    reads: tuple[str, ...] = ()  # what it reads each step besides its input's norm
+    # what it reads each step besides its input's norm (from the config, where that varies)
+    reads: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
     limit: str = ""  # where it proves nothing, for the plan
 
 
@@ -71,22 +82,33 @@ _PROOFS: dict[str, _Proof] = {
                    reads=(_WEIGHTS,)),
     "adamax": _Proof(adamax_provable, lambda c: CheckedWhereItFails(adamax_proof(c))),
     "nadam": _Proof(nadam_provable, lambda c: CheckedWhereItFails(nadam_proof(c))),
-    "lion": _Proof(lion_provable, lambda c: CheckedWhereItFails(lion_proof(c))),
+    "lion": _Proof(sign_provable,
+                   lambda c: CheckedWhereItFails(sign_proof(c, "beta_1", "beta_2"))),
     "adamw": _Proof(adam_provable, lambda c: CheckedWhereItFails(adamw_proof(c)),
                     reads=(_WEIGHTS,)),
     "adafactor": _Proof(adafactor_provable, lambda c: CheckedWhereItFails(adafactor_proof(c)),
                         reads=(_LARGEST_STATE, _WEIGHTS),
                         limit="variables of rank 2 or more are checked: their factored "
                               "moments can round to 0"),
+    # optax's order: lr * (direction + weight_decay * w)
+    "adamaxw": _Proof(adamaxw_provable, lambda c: CheckedWhereItFails(adamaxw_proof(c)),
+                      reads=lambda c: (_WEIGHTS,) if weights_read(c) else ()),
+    "nadamw": _Proof(nadamw_provable, lambda c: CheckedWhereItFails(nadamw_proof(c)),
+                     reads=lambda c: (_WEIGHTS,) if weights_read(c) else ()),
+    "radam": _Proof(radam_provable, lambda c: CheckedWhereItFails(radam_proof(c))),
+    "sign_sgd": _Proof(sign_provable, lambda c: CheckedWhereItFails(sign_proof(c))),
+    "signum": _Proof(sign_provable, lambda c: CheckedWhereItFails(sign_proof(c, "beta"))),
 }
 #: gradpipe's own transforms whose outputs can be proved finite (their configs permitting)
 PROVED = tuple(_PROOFS)
 
 
-def proof_summary(name: str) -> str:
-    """What the plan says of a proved transform ``name``: what its proof reads."""
+def proof_summary(name: str, config: Any) -> str:
+    """What the plan says of a proved transform ``name`` with ``config``: what its
+    proof reads."""
     proof = _PROOFS[name]
-    read = ["its input's norm", *proof.reads]
+    reads = proof.reads(config) if callable(proof.reads) else proof.reads
+    read = ["its input's norm", *reads]
     text = "proved from " + (", ".join(read[:-1]) + " and " if len(read) > 1 else "") + read[-1]
     return text + " (gradpipe knows its maths)" + (f"; {proof.limit}" if proof.limit else "")
 

@@ -1,5 +1,5 @@
 """Proofs of the rules whose step stays within a multiple of their rate: ``adamax``,
-``nadam``, ``lion``.
+``nadam``, and the sign rules ``lion``, ``sign_sgd`` and ``signum``.
 
 As :mod:`gradpipe._engine.proofs`' own, each holds for gradpipe's maths only and
 assumes its inputs finite (a finite sum of squares bounds every element by
@@ -18,9 +18,10 @@ rate, at each step for a scheduled one (where it fails, the step is checked):
   prod u) + (1 - u_t) g / (1 - prod u)`` stays within ``2 * 2**64 / (1 -
   beta_1)``; ``sqrt(v_hat) + epsilon`` is at least ``epsilon`` (an overflowing
   ``v_hat`` gives a step of 0), so ``K = 4 / (1 - beta_1) * 2**64 / epsilon``.
-* ``lion``: its step ``lr * sign(beta_1 m + (1 - beta_1) g)`` is the rate times
-  -1, 0 or 1 (the sign's argument, a weighted mean of values within ``2**64``, is
-  finite), so ``K = 1``; scheduled betas must stay in [0, 1].
+* ``lion``, ``sign_sgd`` and ``signum``: their step (``lr * sign(beta_1 m + (1 -
+  beta_1) g)``, ``lr * sign(g)``, ``lr * sign(m)``) is the rate times -1, 0 or 1
+  (the sign's argument, a weighted mean of values within ``2**64``, is finite), so
+  ``K = 1``; scheduled betas must stay in [0, 1].
 """
 
 from __future__ import annotations
@@ -45,24 +46,25 @@ from .proofs import (
 ADAMAX_LEAST_DENOMINATOR = 2.0**-125
 
 
-def _below_one(beta: Any) -> bool:
+def below_one(beta: Any) -> bool:
     """A constant beta whose ``1 - beta`` float32 does not round to 0."""
     return is_constant(beta) and float32(1.0 - float32(beta)) > 0
 
 
-def _per_rate(config: Any, factor: float) -> float:
-    """``K``: the step's bound per unit of rate."""
+def per_rate(config: Any, factor: float) -> float:
+    """``K``: ``factor / (1 - beta_1) * 2**64 / epsilon``, the bound of a step (or a
+    direction) per unit of rate."""
     return factor / float32(1.0 - float32(config.beta_1)) * (LARGEST_ELEMENT / config.epsilon)
 
 
-def _rate_provable(config: Any, per_rate: float) -> bool:
+def _rate_provable(config: Any, k: float) -> bool:
     lr = config.learning_rate
-    return not is_constant(lr) or lr * per_rate < FLOAT32_BOUND
+    return not is_constant(lr) or lr * k < FLOAT32_BOUND
 
 
-def _rate_proof(config: Any, per_rate: float,
+def _rate_proof(config: Any, k: float,
                 more: Callable[[], list[Any]] = lambda: []) -> Prove:
-    """The proof of a step within ``|lr| * K`` (``per_rate``): a finite sum of squares
+    """The proof of a step within ``|lr| * K`` (``k``): a finite sum of squares
     of the inputs, the scheduled rate's ``|lr| * K`` below the float32 maximum, and
     ``more()``."""
     import tensorflow as tf
@@ -76,19 +78,19 @@ def _rate_proof(config: Any, per_rate: float,
             return None
         required = [squared_bound(inputs), *more()]
         if scheduled_rate:  # in float64, compared with float32's maximum: NaN/Inf fail too
-            required.append(tf.abs(tf.cast(lr(), tf.float64)) * per_rate < FLOAT32_BOUND)
+            required.append(tf.abs(tf.cast(lr(), tf.float64)) * k < FLOAT32_BOUND)
         return required
 
     return prove
 
 
 def adamax_provable(config: Any) -> bool:
-    if not _below_one(config.beta_1) or config.epsilon <= 0:
+    if not below_one(config.beta_1) or config.epsilon <= 0:
         return False
     if float32(1.0 - float32(config.beta_1)) * float32(config.epsilon) \
             < ADAMAX_LEAST_DENOMINATOR:
         return False
-    return _rate_provable(config, _per_rate(config, 2.0))
+    return _rate_provable(config, per_rate(config, 2.0))
 
 
 def _in_unit_interval(config: Any, *names: str) -> Callable[[], list[Any]]:
@@ -103,22 +105,23 @@ def _in_unit_interval(config: Any, *names: str) -> Callable[[], list[Any]]:
 
 
 def adamax_proof(config: Any) -> Prove:
-    return _rate_proof(config, _per_rate(config, 2.0), _in_unit_interval(config, "beta_2"))
+    return _rate_proof(config, per_rate(config, 2.0), _in_unit_interval(config, "beta_2"))
 
 
 def nadam_provable(config: Any) -> bool:
-    return (_below_one(config.beta_1) and _below_one(config.beta_2)
+    return (below_one(config.beta_1) and below_one(config.beta_2)
             and float32(config.epsilon) >= LEAST_EPSILON
-            and _rate_provable(config, _per_rate(config, 4.0)))
+            and _rate_provable(config, per_rate(config, 4.0)))
 
 
 def nadam_proof(config: Any) -> Prove:
-    return _rate_proof(config, _per_rate(config, 4.0))
+    return _rate_proof(config, per_rate(config, 4.0))
 
 
-def lion_provable(config: Any) -> bool:
+def sign_provable(config: Any) -> bool:
     return _rate_provable(config, 1.0)  # a rate past float32 times a sign of 0: NaN
 
 
-def lion_proof(config: Any) -> Prove:
-    return _rate_proof(config, 1.0, _in_unit_interval(config, "beta_1", "beta_2"))
+def sign_proof(config: Any, *betas: str) -> Prove:
+    """The proof of ``lr`` times a sign, each of ``betas`` (scheduled) in [0, 1]."""
+    return _rate_proof(config, 1.0, _in_unit_interval(config, *betas))
