@@ -69,7 +69,8 @@ def _provable(config: Any, direction: Callable[[Any], float]) -> bool:
     return max(1.0, abs(lr) if is_constant(lr) else 1.0) * direction(config) < FLOAT32_BOUND
 
 
-def _decays(config: Any) -> bool:
+def decays_weights(config: Any) -> bool:
+    """Whether an optax rule decays weights, so that its proof reads their norm."""
     wd = getattr(config, "weight_decay", 0.0)
     return not (is_constant(wd) and wd == 0)
 
@@ -80,7 +81,7 @@ def _proof(config: Any, direction: float, scheduled: tuple[str, ...] = ()) -> Pr
     import tensorflow as tf
 
     lr = hyper(config.learning_rate)
-    decay = hyper(config.weight_decay) if _decays(config) else None
+    decay = hyper(config.weight_decay) if decays_weights(config) else None
     per_step = decay is not None or not is_constant(config.learning_rate)
     betas = [hyper(getattr(config, n)) for n in scheduled
              if not is_constant(getattr(config, n))]
@@ -131,8 +132,3 @@ def radam_provable(config: Any) -> bool:
 
 def radam_proof(config: Any) -> Prove:
     return _proof(config, _radam_direction(config))
-
-
-def weights_read(config: Any) -> bool:
-    """Whether the proof of an optax rule reads its weights' norm (a weight decays)."""
-    return _decays(config)

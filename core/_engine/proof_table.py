@@ -18,11 +18,11 @@ from ..spec import ComponentSpec
 from .optax_proofs import (
     adamaxw_proof,
     adamaxw_provable,
+    decays_weights,
     nadamw_proof,
     nadamw_provable,
     radam_proof,
     radam_provable,
-    weights_read,
 )
 from .proofs import (
     CheckedWhereItFails,
@@ -65,6 +65,13 @@ class _Proof(NamedTuple):
 
 _LARGEST_STATE = "its state's largest element"
 _WEIGHTS = "its weights' norm"
+
+
+def _weights_where_decayed(config: Any) -> tuple[str, ...]:
+    """An optax rule's proof reads the weights only where a weight decays."""
+    return (_WEIGHTS,) if decays_weights(config) else ()
+
+
 # CheckedWhereItFails: conditions training may fail (a large norm, a long run, a
 # scheduled rate): a step that fails one is checked there, not skipped
 _PROOFS: dict[str, _Proof] = {
@@ -92,9 +99,9 @@ _PROOFS: dict[str, _Proof] = {
                               "moments can round to 0"),
     # optax's order: lr * (direction + weight_decay * w)
     "adamaxw": _Proof(adamaxw_provable, lambda c: CheckedWhereItFails(adamaxw_proof(c)),
-                      reads=lambda c: (_WEIGHTS,) if weights_read(c) else ()),
+                      reads=_weights_where_decayed),
     "nadamw": _Proof(nadamw_provable, lambda c: CheckedWhereItFails(nadamw_proof(c)),
-                     reads=lambda c: (_WEIGHTS,) if weights_read(c) else ()),
+                     reads=_weights_where_decayed),
     "radam": _Proof(radam_provable, lambda c: CheckedWhereItFails(radam_proof(c))),
     "sign_sgd": _Proof(sign_provable, lambda c: CheckedWhereItFails(sign_proof(c))),
     "signum": _Proof(sign_provable, lambda c: CheckedWhereItFails(sign_proof(c, "beta"))),
