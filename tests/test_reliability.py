@@ -87,6 +87,11 @@ PROVED = st.one_of(
               EXTREME_RATES, st.sampled_from([0.1, 0.9, 1.0]), st.sampled_from([0.0, 0.99, 1.0])),
     st.builds(lambda kind, lr: {"kind": kind, "learning_rate": lr},
               st.sampled_from(["sign_sgd", "signum"]), EXTREME_RATES),
+    st.builds(lambda lr, up, down, least, most: {
+        "kind": "rprop", "learning_rate": lr, "eta_plus": up, "eta_minus": down,
+        "min_step_size": least, "max_step_size": most},
+        EXTREME_RATES, st.sampled_from([1.2, 1e30]), st.sampled_from([0.0, 0.5]),
+        st.sampled_from([0.0, 1e-6]), st.sampled_from([50.0, 1e30, 3e38])),
     st.builds(lambda lr, b1, eps, wd: {"kind": "adamw", "learning_rate": lr, "beta_1": b1,
                                         "epsilon": eps, "weight_decay": wd},
               EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]),
@@ -121,7 +126,8 @@ def test_a_proof_never_applies_a_step_the_check_skips(rule, scheduled, clip, gra
     bound, once only required finite in float64, failed this from rates of about
     1e13; lamb's, without its weights' norm, at a rate of 1e10 on weights of 1e10.)"""
     table: dict = {}
-    if scheduled:  # the same rate from a schedule: each step's own bound is checked
+    if scheduled and rule["kind"] != "rprop":  # rprop's rate is a number
+        # the same rate from a schedule: each step's own bound is checked
         rate = rule["learning_rate"]
         table["schedules"] = {"lr": {"kind": "linear", "start": rate, "end": rate,
                                      "steps": 10}}

@@ -1,7 +1,7 @@
-"""``adamax``, ``nadam``, the sign rules (``lion``, ``sign_sgd``, ``signum``) and
-optax's ``adamaxw``, ``nadamw`` and ``radam`` proved finite from their input's
-norm (and the weights' norm where a weight decays); every proof's epsilon a
-normal float32.
+"""``adamax``, ``nadam``, the sign rules (``lion``, ``sign_sgd``, ``signum``),
+optax's ``adamaxw``, ``nadamw``, ``radam`` and ``rprop`` proved finite from their
+input's norm (and the weights' norm where a weight decays); every proof's
+epsilon a normal float32.
 
 Adamax's step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|``
 and a denominator of at least ``(1 - beta_1) epsilon``: the step stays within
@@ -64,6 +64,11 @@ def _schedule(end: float) -> dict:
     ("sign_sgd", {"learning_rate": "@lr"}, True),
     ("sign_sgd", {"learning_rate": 1e39}, False),
     ("signum", {"beta": "@lr"}, True),
+    ("rprop", {}, True),
+    ("rprop", {"eta_plus": 1e30, "max_step_size": 3e38}, True),  # clipped: finite
+    ("rprop", {"eta_plus": 1e39}, False),  # inf in float32: outside the proof, checked
+    ("rprop", {"learning_rate": 1e39}, False),  # inf: inf * sign 0 is NaN
+    ("rprop", {"max_step_size": 1e39}, False),  # an overflowing step size clips to inf
 ])
 def test_outputs_are_proved_only_where_the_bound_holds(kind, options, proved):
     pipe = gradpipe.build({"schedules": _schedule(0.02),
@@ -75,12 +80,11 @@ def test_outputs_are_proved_only_where_the_bound_holds(kind, options, proved):
             ) is proved, pipe.plan.checks[0]
 
 
-def _run(kind: str, path: str, end: float, grads: list[list[np.ndarray]]):
+def _run(rule: dict, path: str, grads: list[list[np.ndarray]], schedules: dict):
     variables = [tf.Variable(np.full((6, 4), 0.5, "f4")), tf.Variable(np.zeros(4, "f4"))]
-    pipe = gradpipe.build({"schedules": _schedule(end),
+    pipe = gradpipe.build({"schedules": schedules,
                            "pipeline": {"jit_compile": path != "plain"},
-                           "transforms": [*PATHS[path], {"kind": kind,
-                                                         "learning_rate": "@lr"}]})
+                           "transforms": [*PATHS[path], rule]})
     pipe.build(variables)
     step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
     applied = [bool(step([tf.constant(x) for x in g])) for g in grads]
@@ -106,11 +110,35 @@ def test_the_steps_applied_are_exactly_those_a_check_applies(kind, path, end, ap
         # the weights, near 1e30 after two steps, decay by 1e30 * 1e-4 * 1e30: past float32
         applied = [True, True, False]
     (by_proof, weights, plan), (by_check, reference, _) = (
-        _run(k, path, end, [ONES] * 3) for k in (kind, checked_copy(kind)))
+        _run({"kind": k, "learning_rate": "@lr"}, path, [ONES] * 3, _schedule(end))
+        for k in (kind, checked_copy(kind)))
     assert "proved" in plan.checks[-1]
     assert by_proof == by_check == applied
     for a, b in zip(weights, reference):
         assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # -NaN
+@pytest.mark.parametrize("path", PATHS)
+def test_rprop_applies_exactly_the_steps_a_check_applies(path):
+    """rprop's step is a step size times a sign, its rate a number: ordinary
+    gradients, elements of 1e20 (their sum of squares overflows: the proof fails,
+    the step is checked and applies), a NaN (skipped) and a flipped sign, while a
+    step size of 0.01 grows by 1e30 past float32 and is clipped to 1e30."""
+    rule = {"learning_rate": 0.01, "eta_plus": 1e30, "max_step_size": 1e30}
+    huge = [np.full((6, 4), 1e20, "f4"), np.full(4, 1e20, "f4")]
+    grads = [ONES, huge, [np.full((6, 4), np.nan, "f4"), ONES[1]], ONES,
+             [-g for g in ONES]]
+    (by_proof, weights, plan), (by_check, reference, _) = (
+        _run({**rule, "kind": k}, path, grads, {}) for k in ("rprop", checked_copy("rprop")))
+    assert f"rprop at transforms[{len(PATHS[path])}]: proved from its input's norm" in \
+        plan.checks[-1]
+    assert by_proof == by_check == [True, True, False, True, True]
+    for a, b in zip(weights, reference):
+        assert np.isfinite(a).all()
+        # the step size reached its limit (the whole path's clip makes 1e20 a 0)
+        assert (np.abs(a).max() >= 1e30) == (path != "whole")
         np.testing.assert_array_equal(a, b)
 
 

@@ -43,6 +43,7 @@ from .rate_proofs import (
     adamax_provable,
     nadam_proof,
     nadam_provable,
+    rprop_provable,
     sign_proof,
     sign_provable,
 )
@@ -105,6 +106,8 @@ _PROOFS: dict[str, _Proof] = {
     "radam": _Proof(radam_provable, lambda c: CheckedWhereItFails(radam_proof(c))),
     "sign_sgd": _Proof(sign_provable, lambda c: CheckedWhereItFails(sign_proof(c))),
     "signum": _Proof(sign_provable, lambda c: CheckedWhereItFails(sign_proof(c, "beta"))),
+    # a step size times a sign: at its constant rate, sign_proof reads the input alone
+    "rprop": _Proof(rprop_provable, lambda c: CheckedWhereItFails(sign_proof(c))),
 }
 #: gradpipe's own transforms whose outputs can be proved finite (their configs permitting)
 PROVED = tuple(_PROOFS)

@@ -1,5 +1,5 @@
 """Proofs of the rules whose step stays within a multiple of their rate: ``adamax``,
-``nadam``, and the sign rules ``lion``, ``sign_sgd`` and ``signum``.
+``nadam``, the sign rules ``lion``, ``sign_sgd`` and ``signum``, and ``rprop``.
 
 As :mod:`gradpipe._engine.proofs`' own, each holds for gradpipe's maths only and
 assumes its inputs finite (a finite sum of squares bounds every element by
@@ -22,6 +22,12 @@ rate, at each step for a scheduled one (where it fails, the step is checked):
   beta_1) g)``, ``lr * sign(g)``, ``lr * sign(m)``) is the rate times -1, 0 or 1
   (the sign's argument, a weighted mean of values within ``2**64``, is finite), so
   ``K = 1``; scheduled betas must stay in [0, 1].
+* ``rprop``, with its rate, factors and step-size limits finite in float32: its
+  step is a step size times a sign, and each step size starts at the rate and
+  then is the last one, or its product with a factor clipped to the limits (an
+  overflowing product clips to ``max_step_size``). A finite input times the
+  last step (finite) is never NaN, so nothing is read but the input's norm:
+  its rate is a number, never scheduled.
 """
 
 from __future__ import annotations
@@ -120,6 +126,13 @@ def nadam_proof(config: Any) -> Prove:
 
 def sign_provable(config: Any) -> bool:
     return _rate_provable(config, 1.0)  # a rate past float32 times a sign of 0: NaN
+
+
+def rprop_provable(config: Any) -> bool:
+    """Every step size ``rprop`` can take, and each factor, finite in float32."""
+    return all(abs(value) < FLOAT32_BOUND for value in (
+        config.learning_rate, config.eta_minus, config.eta_plus, config.min_step_size,
+        config.max_step_size))
 
 
 def sign_proof(config: Any, *betas: str) -> Prove:
