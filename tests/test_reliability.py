@@ -87,6 +87,8 @@ PROVED = st.one_of(
               EXTREME_RATES, st.sampled_from([0.1, 0.9, 1.0]), st.sampled_from([0.0, 0.99, 1.0])),
     st.builds(lambda kind, lr: {"kind": kind, "learning_rate": lr},
               st.sampled_from(["sign_sgd", "signum"]), EXTREME_RATES),
+    st.builds(lambda lr, least: {"kind": "fromage", "learning_rate": lr, "min_norm": least},
+              EXTREME_RATES, st.sampled_from([0.0, 1e-6, 1.0])),
     st.builds(lambda lr, up, down, least, most: {
         "kind": "rprop", "learning_rate": lr, "eta_plus": up, "eta_minus": down,
         "min_step_size": least, "max_step_size": most},

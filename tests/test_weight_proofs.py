@@ -1,10 +1,11 @@
-"""``lamb``, ``adafactor`` and ``adamw`` proved finite from their input's and weights'
-norms.
+"""``lamb``, ``adafactor``, ``adamw`` and optax's ``fromage`` proved finite from their
+input's and weights' norms.
 
 ``lamb``'s trust ratio ``||w|| / ||u||`` is unbounded where ``||u||`` is tiny,
 but ``ratio * |u_i|`` never exceeds ``||w||``: the proof requires the rate
 times ``2**76 ||w||`` (the ratio's largest value) and the rate times the
-direction's bound (the ratio at 1) below the float32 maximum. ``adafactor``'s
+direction's bound (the ratio at 1) below the float32 maximum; ``fromage``'s ratio
+``||w|| / max(||g||, min_norm)`` likewise. ``adafactor``'s
 step scales with ``rms(w)``, which overflows with ``||w||**2``. Where a
 condition fails, the step is checked, not skipped. Each path is held to the
 maths checked as a third party's (``checked_copy``): the same steps applied,
@@ -222,3 +223,35 @@ MATRIX = [np.ones((6, 4), "f4"), np.ones(4, "f4")]
 def test_adamw_applies_exactly_the_steps_a_check_applies(path, options, init, grads,
                                                          applied):
     assert _same_as_checked("adamw", path, init, grads, **options) == applied
+
+
+@pytest.mark.parametrize("options, proved", [
+    ({}, True),
+    ({"learning_rate": "@lr", "min_norm": 0.0}, True),  # each step requires its own
+    ({"min_norm": 1e39}, False),  # inf in float32
+])
+def test_fromages_outputs_are_proved_only_where_its_config_allows(options, proved):
+    pipe = gradpipe.build({"schedules": SCHEDULE,
+                           "transforms": [{"kind": "fromage", **options}]})
+    pipe.build([tf.Variable([1.0])])
+    assert ("fromage at transforms[0]: proved from its input's norm and its weights' norm"
+            in pipe.plan.checks[0]) is proved, pipe.plan.checks[0]
+
+
+BIG_WEIGHT = [np.where(np.eye(6, 4) > 0, 1e18, 0.5).astype("f4"), np.zeros(4, "f4")]
+TINY_NORM = {"min_norm": 1e-30}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("options, init, grads, applied", [
+    ({}, [np.full((6, 4), 0.5, "f4"), np.zeros(4, "f4")], [MATRIX] * 3, [True] * 3),
+    # weights of norm 2e18 and a zero gradient, whose norm is min_norm: the ratio 2e18 /
+    # 1e-30 overflows, and 0 times it is NaN: the proof fails, the check skips
+    (TINY_NORM, BIG_WEIGHT, [[np.zeros((6, 4), "f4"), MATRIX[1]]], [False]),
+    # the same weights with a gradient of norm 5: past the proof, finite: checked, applied
+    (TINY_NORM, BIG_WEIGHT, [MATRIX], [True]),
+])
+def test_fromage_applies_exactly_the_steps_a_check_applies(path, options, init, grads,
+                                                           applied):
+    assert _same_as_checked("fromage", path, init, grads, **options) == applied

@@ -51,6 +51,8 @@ from .weight_proofs import (
     adafactor_proof,
     adafactor_provable,
     adamw_proof,
+    fromage_proof,
+    fromage_provable,
     lamb_proof,
     lamb_provable,
 )
@@ -108,6 +110,8 @@ _PROOFS: dict[str, _Proof] = {
     "signum": _Proof(sign_provable, lambda c: CheckedWhereItFails(sign_proof(c, "beta"))),
     # a step size times a sign: at its constant rate, sign_proof reads the input alone
     "rprop": _Proof(rprop_provable, lambda c: CheckedWhereItFails(sign_proof(c))),
+    "fromage": _Proof(fromage_provable, lambda c: CheckedWhereItFails(fromage_proof(c)),
+                      reads=(_WEIGHTS,)),
 }
 #: gradpipe's own transforms whose outputs can be proved finite (their configs permitting)
 PROVED = tuple(_PROOFS)

@@ -1,5 +1,5 @@
 """Proofs of the rules whose step scales with their weights' norm: ``lamb``,
-``adafactor``, ``adamw``.
+``adafactor``, ``adamw``, and optax's ``fromage``.
 
 As :mod:`gradpipe._engine.proofs`' own, each holds for gradpipe's maths only,
 assumes its inputs finite and reads the weights' norm through
@@ -40,9 +40,18 @@ where checking the outputs would read every array the maths writes.
   each step requires ``adam``'s conditions and the sum of the two below the
   float32 maximum (its state is ``adam``'s, proved as ``adam``'s).
 
+* ``fromage``: its update ``rate * g * (n(w) / n(g)) + shrink * w``, with ``n(x) =
+  max(||x||, min_norm)``, the ratio 1 where either is 0, ``|rate| < 1`` and
+  ``shrink`` in [0, 1] (a rate whose square overflows gives ``rate`` 0). As
+  for lamb, ``|g_i| <= ||g||``, so ``|g_i| * ratio <= n(w)`` (twice, for
+  rounding), and ``n(g)`` is at least ``min_norm``, or where that rounds to 0,
+  0 or at least ``2**-74.5``: the ratio stays below ``R = 2 / min_norm`` (or
+  ``2**76``) times ``n(w)``. Each step requires ``max(||w||, min_norm) *
+  max(R, 3)`` below the float32 maximum, and a scheduled rate finite.
+
 Ordinary training may fail these conditions (a weights' norm past ``1e16 / lr``,
 ``k epsilon_1`` below ``2**-120`` after 17 steps at ``beta_2_decay = -5``), so
-all three are ``CheckedWhereItFails``: a step that fails one is checked, not
+all four are ``CheckedWhereItFails``: a step that fails one is checked, not
 skipped.
 """
 
@@ -177,3 +186,30 @@ def adamw_proof(config: Any) -> Prove:
         return weights * tf.abs(tf.cast(decay(), tf.float64) * tf.cast(lr(), tf.float64))
 
     return adam_proof(config, decay_bound)
+
+
+def fromage_provable(config: Any) -> bool:
+    return abs(config.min_norm) < FLOAT32_BOUND  # a float32 min_norm, not inf
+
+
+def fromage_proof(config: Any) -> Prove:
+    import tensorflow as tf
+
+    lr, scheduled = hyper(config.learning_rate), not is_constant(config.learning_rate)
+    least = float32(config.min_norm)
+    ratio = 2.0 / least if least > 0 else LAMB_RATIO
+
+    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
+              ) -> list[Any] | None:
+        if sparse_or_narrow(inputs):
+            return None
+        present = [v for g, v in zip(inputs, variables) if g is not None]
+        required = [squared_bound(inputs)]
+        if present:  # in float64, compared with float32's maximum: NaN/Inf fail too
+            weights = tf.maximum(tf.cast(weight_norm_bound(present), tf.float64), least)
+            required.append(weights * max(ratio, 3.0) < FLOAT32_BOUND)
+        if scheduled:
+            required.append(tf.abs(tf.cast(lr(), tf.float64)) < FLOAT32_BOUND)
+        return required
+
+    return prove
