@@ -87,6 +87,10 @@ PROVED = st.one_of(
               EXTREME_RATES, st.sampled_from([0.1, 0.9, 1.0]), st.sampled_from([0.0, 0.99, 1.0])),
     st.builds(lambda kind, lr: {"kind": kind, "learning_rate": lr},
               st.sampled_from(["sign_sgd", "signum"]), EXTREME_RATES),
+    st.builds(lambda lr, radius, eps: {"kind": "conditional_gradient", "learning_rate": lr,
+                                        "lambda_": radius, "epsilon": eps},
+              st.sampled_from([0.0, 0.5, 0.99, 1.0]), st.sampled_from([0.0, 4.0, 1e30, 1e38]),
+              st.sampled_from([1e-30, 1e-7, 1.0])),
     st.builds(lambda lr, least: {"kind": "fromage", "learning_rate": lr, "min_norm": least},
               EXTREME_RATES, st.sampled_from([0.0, 1e-6, 1.0])),
     st.builds(lambda lr, up, down, least, most: {

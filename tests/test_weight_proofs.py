@@ -1,5 +1,5 @@
-"""``lamb``, ``adafactor``, ``adamw`` and optax's ``fromage`` proved finite from their
-input's and weights' norms.
+"""``lamb``, ``adafactor``, ``adamw``, optax's ``fromage`` and TF Addons'
+``conditional_gradient`` proved finite from their input's and weights' norms.
 
 ``lamb``'s trust ratio ``||w|| / ||u||`` is unbounded where ``||u||`` is tiny,
 but ``ratio * |u_i|`` never exceeds ``||w||``: the proof requires the rate
@@ -255,3 +255,42 @@ TINY_NORM = {"min_norm": 1e-30}
 def test_fromage_applies_exactly_the_steps_a_check_applies(path, options, init, grads,
                                                            applied):
     assert _same_as_checked("fromage", path, init, grads, **options) == applied
+
+
+@pytest.mark.parametrize("options, proved", [
+    ({}, True),
+    ({"learning_rate": "@lr"}, True),  # each step requires its rate in [0, 1]
+    ({"ord": "nuclear"}, False),  # a singular value decomposition: checked
+    ({"epsilon": 0.0}, False),  # 0 / 0 where the gradient is 0
+])
+def test_conditional_gradients_outputs_are_proved_only_where_its_config_allows(options,
+                                                                              proved):
+    pipe = gradpipe.build({"schedules": SCHEDULE, "transforms": [
+        {"kind": "conditional_gradient", "learning_rate": 0.9, **options}]})
+    pipe.build([tf.Variable([1.0])])
+    assert ("conditional_gradient at transforms[0]: proved from its input's norm and its "
+            "weights' norm" in pipe.plan.checks[0]) is proved, pipe.plan.checks[0]
+
+
+def _eye(value: float) -> list[np.ndarray]:
+    return [np.where(np.eye(6, 4) > 0, value, 0.5).astype("f4"), np.zeros(4, "f4")]
+
+
+FAR = {"learning_rate": 0.0, "lambda_": 5e37}  # w - new = w + lambda_ s: a jump to the ball
+# one element of -1: s = g / ||g|| is -1 there, a step of 5e37 away from a negative weight
+NEGATIVE = [np.where(np.arange(24).reshape(6, 4) == 0, -1.0, 0.0).astype("f4"),
+            np.zeros(4, "f4")]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("options, init, grads, applied", [
+    ({"learning_rate": 0.9}, _eye(0.5), [MATRIX] * 3, [True] * 3),
+    # a weight of -3e38 stepping 5e37 further: -3.5e38 overflows; the weights' norm
+    # fails the proof (lambda_ alone would pass it) and the check skips
+    (FAR, _eye(-3e38), [NEGATIVE], [False]),
+    # weights of 1e38 stepping back by 5e37: past the proof, finite: checked, applied
+    (FAR, _eye(1e38), [NEGATIVE], [True]),
+])
+def test_conditional_gradient_applies_exactly_the_steps_a_check_applies(path, options, init,
+                                                                        grads, applied):
+    assert _same_as_checked("conditional_gradient", path, init, grads, **options) == applied

@@ -51,6 +51,8 @@ from .weight_proofs import (
     adafactor_proof,
     adafactor_provable,
     adamw_proof,
+    conditional_gradient_proof,
+    conditional_gradient_provable,
     fromage_proof,
     fromage_provable,
     lamb_proof,
@@ -112,6 +114,9 @@ _PROOFS: dict[str, _Proof] = {
     "rprop": _Proof(rprop_provable, lambda c: CheckedWhereItFails(sign_proof(c))),
     "fromage": _Proof(fromage_provable, lambda c: CheckedWhereItFails(fromage_proof(c)),
                       reads=(_WEIGHTS,)),
+    "conditional_gradient": _Proof(
+        conditional_gradient_provable,
+        lambda c: CheckedWhereItFails(conditional_gradient_proof(c)), reads=(_WEIGHTS,)),
 }
 #: gradpipe's own transforms whose outputs can be proved finite (their configs permitting)
 PROVED = tuple(_PROOFS)

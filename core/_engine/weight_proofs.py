@@ -1,5 +1,5 @@
 """Proofs of the rules whose step scales with their weights' norm: ``lamb``,
-``adafactor``, ``adamw``, and optax's ``fromage``.
+``adafactor``, ``adamw``, optax's ``fromage`` and TF Addons' ``conditional_gradient``.
 
 As :mod:`gradpipe._engine.proofs`' own, each holds for gradpipe's maths only,
 assumes its inputs finite and reads the weights' norm through
@@ -49,9 +49,18 @@ where checking the outputs would read every array the maths writes.
   ``2**76``) times ``n(w)``. Each step requires ``max(||w||, min_norm) *
   max(R, 3)`` below the float32 maximum, and a scheduled rate finite.
 
+* ``conditional_gradient`` with ``ord = "fro"`` and ``epsilon`` a normal float32:
+  ``s = g / (||g|| + epsilon)`` stays within 2 (twice, for the rounding of
+  ``pow``), or where every square of ``g`` underflows (each ``|g_i| <
+  2**-74.5``), within ``2**-74 / epsilon``: ``S``, the larger; an overflowing
+  norm gives 0. With the rate in [0, 1], its update ``w - (rate w - (1 - rate)
+  lambda_ s)`` stays within ``2 ||w|| + |lambda_| S``. Each step requires twice
+  that below the float32 maximum, and a scheduled rate in [0, 1]. Its nuclear
+  ``ord`` (a singular value decomposition) is checked.
+
 Ordinary training may fail these conditions (a weights' norm past ``1e16 / lr``,
 ``k epsilon_1`` below ``2**-120`` after 17 steps at ``beta_2_decay = -5``), so
-all four are ``CheckedWhereItFails``: a step that fails one is checked, not
+all five are ``CheckedWhereItFails``: a step that fails one is checked, not
 skipped.
 """
 
@@ -210,6 +219,34 @@ def fromage_proof(config: Any) -> Prove:
             required.append(weights * max(ratio, 3.0) < FLOAT32_BOUND)
         if scheduled:
             required.append(tf.abs(tf.cast(lr(), tf.float64)) < FLOAT32_BOUND)
+        return required
+
+    return prove
+
+
+def conditional_gradient_provable(config: Any) -> bool:
+    return config.ord == "fro" and float32(config.epsilon) >= LEAST_EPSILON
+
+
+def conditional_gradient_proof(config: Any) -> Prove:
+    import tensorflow as tf
+
+    rate, radius = hyper(config.learning_rate), hyper(config.lambda_)
+    scheduled_rate = not is_constant(config.learning_rate)
+    direction = max(2.0, 2.0**-74 / float32(config.epsilon))  # S, the largest |s_i|
+
+    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
+              ) -> list[Any] | None:
+        if sparse_or_narrow(inputs):
+            return None
+        present = [v for g, v in zip(inputs, variables) if g is not None]
+        required = [squared_bound(inputs)]
+        if present:  # in float64, compared with float32's maximum: NaN/Inf fail too
+            weights = tf.cast(weight_norm_bound(present), tf.float64)
+            step = 2 * weights + tf.abs(tf.cast(radius(), tf.float64)) * direction
+            required.append(2 * step < FLOAT32_BOUND)
+        if scheduled_rate:
+            required.append((rate() >= 0) & (rate() <= 1))
         return required
 
     return prove
