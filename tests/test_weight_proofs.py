@@ -225,17 +225,23 @@ def test_adamw_applies_exactly_the_steps_a_check_applies(path, options, init, gr
     assert _same_as_checked("adamw", path, init, grads, **options) == applied
 
 
-@pytest.mark.parametrize("options, proved", [
-    ({}, True),
-    ({"learning_rate": "@lr", "min_norm": 0.0}, True),  # each step requires its own
-    ({"min_norm": 1e39}, False),  # inf in float32
+CG = {"kind": "conditional_gradient", "learning_rate": 0.9}
+
+
+@pytest.mark.parametrize("rule, proved", [
+    ({"kind": "fromage"}, True),
+    ({"kind": "fromage", "learning_rate": "@lr", "min_norm": 0.0}, True),  # each step
+    ({"kind": "fromage", "min_norm": 1e39}, False),  # inf in float32
+    (CG, True),
+    ({**CG, "learning_rate": "@lr"}, True),  # each step requires its rate in [0, 1]
+    ({**CG, "ord": "nuclear"}, False),  # a singular value decomposition: checked
+    ({**CG, "epsilon": 0.0}, False),  # 0 / 0 where the gradient is 0
 ])
-def test_fromages_outputs_are_proved_only_where_its_config_allows(options, proved):
-    pipe = gradpipe.build({"schedules": SCHEDULE,
-                           "transforms": [{"kind": "fromage", **options}]})
+def test_optax_and_tfa_rules_are_proved_only_where_their_config_allows(rule, proved):
+    pipe = gradpipe.build({"schedules": SCHEDULE, "transforms": [rule]})
     pipe.build([tf.Variable([1.0])])
-    assert ("fromage at transforms[0]: proved from its input's norm and its weights' norm"
-            in pipe.plan.checks[0]) is proved, pipe.plan.checks[0]
+    assert (f"{rule['kind']} at transforms[0]: proved from its input's norm and its "
+            "weights' norm" in pipe.plan.checks[0]) is proved, pipe.plan.checks[0]
 
 
 BIG_WEIGHT = [np.where(np.eye(6, 4) > 0, 1e18, 0.5).astype("f4"), np.zeros(4, "f4")]
@@ -255,21 +261,6 @@ TINY_NORM = {"min_norm": 1e-30}
 def test_fromage_applies_exactly_the_steps_a_check_applies(path, options, init, grads,
                                                            applied):
     assert _same_as_checked("fromage", path, init, grads, **options) == applied
-
-
-@pytest.mark.parametrize("options, proved", [
-    ({}, True),
-    ({"learning_rate": "@lr"}, True),  # each step requires its rate in [0, 1]
-    ({"ord": "nuclear"}, False),  # a singular value decomposition: checked
-    ({"epsilon": 0.0}, False),  # 0 / 0 where the gradient is 0
-])
-def test_conditional_gradients_outputs_are_proved_only_where_its_config_allows(options,
-                                                                              proved):
-    pipe = gradpipe.build({"schedules": SCHEDULE, "transforms": [
-        {"kind": "conditional_gradient", "learning_rate": 0.9, **options}]})
-    pipe.build([tf.Variable([1.0])])
-    assert ("conditional_gradient at transforms[0]: proved from its input's norm and its "
-            "weights' norm" in pipe.plan.checks[0]) is proved, pipe.plan.checks[0]
 
 
 def _eye(value: float) -> list[np.ndarray]:

@@ -99,7 +99,7 @@ def adamax_provable(config: Any) -> bool:
     return _rate_provable(config, per_rate(config, 2.0))
 
 
-def _in_unit_interval(config: Any, *names: str) -> Callable[[], list[Any]]:
+def in_unit_interval(config: Any, *names: str) -> Callable[[], list[Any]]:
     """``more()`` for a proof: each scheduled hyperparameter of ``names`` in [0, 1]."""
     scheduled = [hyper(getattr(config, n)) for n in names
                  if not is_constant(getattr(config, n))]
@@ -111,7 +111,7 @@ def _in_unit_interval(config: Any, *names: str) -> Callable[[], list[Any]]:
 
 
 def adamax_proof(config: Any) -> Prove:
-    return _rate_proof(config, per_rate(config, 2.0), _in_unit_interval(config, "beta_2"))
+    return _rate_proof(config, per_rate(config, 2.0), in_unit_interval(config, "beta_2"))
 
 
 def nadam_provable(config: Any) -> bool:
@@ -137,4 +137,4 @@ def rprop_provable(config: Any) -> bool:
 
 def sign_proof(config: Any, *betas: str) -> Prove:
     """The proof of ``lr`` times a sign, each of ``betas`` (scheduled) in [0, 1]."""
-    return _rate_proof(config, 1.0, _in_unit_interval(config, *betas))
+    return _rate_proof(config, 1.0, in_unit_interval(config, *betas))

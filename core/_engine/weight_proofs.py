@@ -81,6 +81,7 @@ from .proofs import (
     float32,
     sparse_or_narrow,
 )
+from .rate_proofs import in_unit_interval
 
 #: how far below 1 lamb's betas must be in float32: ``1 - beta**t`` then cannot round to 0
 LAMB_BETA_GAP = 2.0**-20
@@ -206,22 +207,10 @@ def fromage_proof(config: Any) -> Prove:
 
     lr, scheduled = hyper(config.learning_rate), not is_constant(config.learning_rate)
     least = float32(config.min_norm)
-    ratio = 2.0 / least if least > 0 else LAMB_RATIO
-
-    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
-        if sparse_or_narrow(inputs):
-            return None
-        present = [v for g, v in zip(inputs, variables) if g is not None]
-        required = [squared_bound(inputs)]
-        if present:  # in float64, compared with float32's maximum: NaN/Inf fail too
-            weights = tf.maximum(tf.cast(weight_norm_bound(present), tf.float64), least)
-            required.append(weights * max(ratio, 3.0) < FLOAT32_BOUND)
-        if scheduled:
-            required.append(tf.abs(tf.cast(lr(), tf.float64)) < FLOAT32_BOUND)
-        return required
-
-    return prove
+    ratio = max(2.0 / least if least > 0 else LAMB_RATIO, 3.0)
+    return _within_weights(lambda weights: tf.maximum(weights, least) * ratio,
+                           lambda: [tf.abs(tf.cast(lr(), tf.float64)) < FLOAT32_BOUND]
+                           if scheduled else [])
 
 
 def conditional_gradient_provable(config: Any) -> bool:
@@ -231,22 +220,27 @@ def conditional_gradient_provable(config: Any) -> bool:
 def conditional_gradient_proof(config: Any) -> Prove:
     import tensorflow as tf
 
-    rate, radius = hyper(config.learning_rate), hyper(config.lambda_)
-    scheduled_rate = not is_constant(config.learning_rate)
+    radius = hyper(config.lambda_)
     direction = max(2.0, 2.0**-74 / float32(config.epsilon))  # S, the largest |s_i|
+    return _within_weights(
+        lambda weights: 2 * (2 * weights + tf.abs(tf.cast(radius(), tf.float64)) * direction),
+        in_unit_interval(config, "learning_rate"))
+
+
+def _within_weights(bound: Callable[[Any], Any], more: Callable[[], list[Any]]) -> Prove:
+    """The proof of a step within ``bound(n)``, ``n`` the weights' norm (float64),
+    below the float32 maximum, with the inputs' norm finite and ``more()``."""
+    import tensorflow as tf
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
               ) -> list[Any] | None:
         if sparse_or_narrow(inputs):
             return None
         present = [v for g, v in zip(inputs, variables) if g is not None]
-        required = [squared_bound(inputs)]
+        required = [squared_bound(inputs), *more()]
         if present:  # in float64, compared with float32's maximum: NaN/Inf fail too
             weights = tf.cast(weight_norm_bound(present), tf.float64)
-            step = 2 * weights + tf.abs(tf.cast(radius(), tf.float64)) * direction
-            required.append(2 * step < FLOAT32_BOUND)
-        if scheduled_rate:
-            required.append((rate() >= 0) & (rate() <= 1))
+            required.append(bound(weights) < FLOAT32_BOUND)
         return required
 
     return prove
