@@ -15,7 +15,8 @@ where checking the outputs would read every array the maths writes.
   <= ||u||`` and ``ratio * |u_i| <= ||w||``; ``||u||`` is 0 or at least
   ``2**-74.5`` (the root of the least float32), so the ratio stays below
   ``2**76 ||w||``, and an overflowing ``||u||`` gives the ratio 0. Each step
-  requires ``lr * D`` and ``lr * 2**76 * ||w||`` below the float32 maximum,
+  requires ``lr * D``, ``lr * 2**76 * ||w||`` and ``||w||**2`` (the maths' own
+  sum, in another order) below the float32 maximum,
   ``||w||`` bounded by the norm of the variables' group, which the step reads
   (one pass over the weights, where checking the outputs reads every array).
 
@@ -47,7 +48,8 @@ where checking the outputs would read every array the maths writes.
   rounding), and ``n(g)`` is at least ``min_norm``, or where that rounds to 0,
   0 or at least ``2**-74.5``: the ratio stays below ``R = 2 / min_norm`` (or
   ``2**76``) times ``n(w)``. Each step requires ``max(||w||, min_norm) *
-  max(R, 3)`` below the float32 maximum, and a scheduled rate finite.
+  max(R, 3)`` and ``||w||**2`` (its own norm of the weights, summed in another
+  order than the bound's) below the float32 maximum, and a scheduled rate finite.
 
 * ``conditional_gradient`` with ``ord = "fro"`` and ``epsilon`` a normal float32:
   ``s = g / (||g|| + epsilon)`` stays within 2 (twice, for the rounding of
@@ -124,7 +126,9 @@ def lamb_proof(config: Any) -> Prove:
         # in float64, compared with float32's maximum: NaN/Inf fail too
         rate = tf.abs(tf.cast(lr(), tf.float64))
         weights = tf.cast(weight_norm_bound(present), tf.float64)
-        required = [squared_bound(inputs), rate * weights * LAMB_RATIO < FLOAT32_BOUND]
+        # the maths' own sum of the weights' squares, in another order: room to spare
+        required = [squared_bound(inputs), rate * weights * LAMB_RATIO < FLOAT32_BOUND,
+                    weights * weights < FLOAT32_BOUND]
         b1, b2 = tf.cast(beta_1(), tf.float32), tf.cast(beta_2(), tf.float32)
         if not constant:
             gap = tf.cast(1.0 - b1, tf.float64)
@@ -208,7 +212,9 @@ def fromage_proof(config: Any) -> Prove:
     lr, scheduled = hyper(config.learning_rate), not is_constant(config.learning_rate)
     least = float32(config.min_norm)
     ratio = max(2.0 / least if least > 0 else LAMB_RATIO, 3.0)
-    return _within_weights(lambda weights: tf.maximum(weights, least) * ratio,
+    # its own norm of the weights, summed in another order, must not overflow either
+    return _within_weights(lambda weights: tf.maximum(tf.maximum(weights, least) * ratio,
+                                                      weights * weights),
                            lambda: [tf.abs(tf.cast(lr(), tf.float64)) < FLOAT32_BOUND]
                            if scheduled else [])
 
