@@ -30,6 +30,7 @@ def _schedule(end: float) -> dict:
     return {"lr": {"kind": "linear", "start": 0.01, "end": end, "steps": 1}}
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e39
 @pytest.mark.parametrize("kind, options, proved", [
     ("adamax", {}, True),
     ("adamax", {"learning_rate": "@lr"}, True),  # each step requires its own

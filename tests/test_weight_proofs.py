@@ -228,6 +228,7 @@ def test_adamw_applies_exactly_the_steps_a_check_applies(path, options, init, gr
 CG = {"kind": "conditional_gradient", "learning_rate": 0.9}
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e39
 @pytest.mark.parametrize("rule, proved", [
     ({"kind": "fromage"}, True),
     ({"kind": "fromage", "learning_rate": "@lr", "min_norm": 0.0}, True),  # each step
