@@ -245,27 +245,26 @@ def test_optax_and_tfa_rules_are_proved_only_where_their_config_allows(rule, pro
             "weights' norm" in pipe.plan.checks[0]) is proved, pipe.plan.checks[0]
 
 
-BIG_WEIGHT = [np.where(np.eye(6, 4) > 0, 1e18, 0.5).astype("f4"), np.zeros(4, "f4")]
+def _eye(value: float) -> list[np.ndarray]:
+    return [np.where(np.eye(6, 4) > 0, value, 0.5).astype("f4"), np.zeros(4, "f4")]
+
+
 TINY_NORM = {"min_norm": 1e-30}
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("options, init, grads, applied", [
-    ({}, [np.full((6, 4), 0.5, "f4"), np.zeros(4, "f4")], [MATRIX] * 3, [True] * 3),
+    ({}, _eye(0.5), [MATRIX] * 3, [True] * 3),
     # weights of norm 2e18 and a zero gradient, whose norm is min_norm: the ratio 2e18 /
     # 1e-30 overflows, and 0 times it is NaN: the proof fails, the check skips
-    (TINY_NORM, BIG_WEIGHT, [[np.zeros((6, 4), "f4"), MATRIX[1]]], [False]),
+    (TINY_NORM, _eye(1e18), [[np.zeros((6, 4), "f4"), MATRIX[1]]], [False]),
     # the same weights with a gradient of norm 5: past the proof, finite: checked, applied
-    (TINY_NORM, BIG_WEIGHT, [MATRIX], [True]),
+    (TINY_NORM, _eye(1e18), [MATRIX], [True]),
 ])
 def test_fromage_applies_exactly_the_steps_a_check_applies(path, options, init, grads,
                                                            applied):
     assert _same_as_checked("fromage", path, init, grads, **options) == applied
-
-
-def _eye(value: float) -> list[np.ndarray]:
-    return [np.where(np.eye(6, 4) > 0, value, 0.5).astype("f4"), np.zeros(4, "f4")]
 
 
 FAR = {"learning_rate": 0.0, "lambda_": 5e37}  # w - new = w + lambda_ s: a jump to the ball
