@@ -40,7 +40,7 @@ from ..fields import is_constant
 from ..transform import hyper
 from .bounds import squared_bound, weight_norm_bound
 from .proofs import FLOAT32_BOUND, LEAST_EPSILON, Prove, float32, sparse_or_narrow
-from .rate_proofs import below_one, per_rate
+from .rate_proofs import below_one, in_unit_interval, per_rate
 
 #: the least ``rho_inf`` of radam's proof: below, ``r``'s denominator ``(rho_inf -
 #: 4)(rho_inf - 2)`` is near 0 and the rounding of ``rho - 4`` can make ``r`` large
@@ -83,15 +83,13 @@ def _proof(config: Any, direction: float, scheduled: tuple[str, ...] = ()) -> Pr
     lr = hyper(config.learning_rate)
     decay = hyper(config.weight_decay) if decays_weights(config) else None
     per_step = decay is not None or not is_constant(config.learning_rate)
-    betas = [hyper(getattr(config, n)) for n in scheduled
-             if not is_constant(getattr(config, n))]
+    betas_in_unit_interval = in_unit_interval(config, *scheduled)
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
               ) -> list[Any] | None:
         if sparse_or_narrow(inputs):
             return None
-        required = [squared_bound(inputs)]
-        required += [(b >= 0) & (b <= 1) for b in (beta() for beta in betas)]
+        required = [squared_bound(inputs), *betas_in_unit_interval()]
         if per_step:  # in float64, compared with float32's maximum: NaN/Inf fail too
             bound: Any = tf.constant(direction, tf.float64)
             present = [v for g, v in zip(inputs, variables) if g is not None]
