@@ -151,16 +151,17 @@ def weight_norm_bound(variables: Sequence[Any]) -> Any:
     return within_norm(sum_of_squares(variables)).hi
 
 
-def held_state(tensors: Sequence[Any], ranged: bool) -> list[Interval]:
+def held_state(tensors: Sequence[Any], ranged: Sequence[bool]) -> list[Interval]:
     """An interval for each of a transform's state ``tensors``: the one the step
-    recorded for it (``record_state``), else its range (``ranged``: its least and
-    largest element, NaN where one is), else the norm of them all, read now."""
+    recorded for it (``record_state``), else its range where ``ranged`` says so
+    (its least and largest element, NaN where one is), else the norm of all the
+    others, read now."""
     recorded = current_context().shared.get("intervals", {})
     if all(id(t) in recorded for t in tensors):
         return [recorded[id(t)][1] for t in tensors]
-    if ranged:
-        return [state_range([t]) for t in tensors]
-    return [within_norm(squared_bound(tensors))] * len(tensors)
+    normed = [t for t, r in zip(tensors, ranged) if not r]
+    norm = within_norm(squared_bound(normed)) if normed else None
+    return [state_range([t]) if r or norm is None else norm for t, r in zip(tensors, ranged)]
 
 
 def largest_element(tensor: Any) -> Any:

@@ -23,6 +23,15 @@ from .answers import remembered
 from .bounds import bound_outputs, held_state, record_bounds, squared_bound
 from .intervals import Unbounded, taken_as_values, within_norm
 from .proofs import CheckedWhereItFails, Prove
+from .state_reads import (
+    BY_NORM,
+    BY_RANGE,
+    Ranged,
+    leaf_names,
+    leaf_positions,
+    reads_range,
+    some_ranged,
+)
 from .step_ops import finite_outputs
 
 #: how a traced transform's outputs were known finite ("proved", "bounded" or
@@ -34,10 +43,15 @@ class Guard:
     """The finite guarantee of one pipeline's chain, while a step is traced."""
 
     def __init__(self, proofs: list[Prove | None], bounded: tuple[int, ...],
-                 ranged: tuple[int, ...], context: BuildContext) -> None:
+                 ranged: tuple[tuple[int, Ranged], ...], context: BuildContext) -> None:
         self.proofs, self.bounded, self.context = proofs, set(bounded), context
-        self.ranged = set(ranged)  # bounded from their state's range, not its norm
+        self.ranged = dict(ranged)  # the state leaves whose range a bound reads
         self.seen: list[Seen] = []  # per transform of the chain traced last
+
+    def ranges(self, i: int, leaf: int) -> bool:
+        """Whether transform ``i``'s bound reads the range of its state's leaf ``leaf``
+        (its position in one variable's state), not only its norm."""
+        return reads_range(self.ranged.get(i, False), leaf)
 
     @property
     def used_bounds(self) -> bool:
@@ -61,7 +75,7 @@ class Guard:
             bounds or not as_bound) else None
         kind = "bounded" if as_bound else "proved"
         if required is None and bounds and i in self.bounded:
-            required = bounded_outputs(inputs, old, outputs, state, i in self.ranged)
+            required = bounded_outputs(inputs, old, outputs, state, self.ranged.get(i, False))
             kind = "bounded"
         if required is None:
             required, kind = [finite_outputs(outputs, tf.nest.flatten(state))], "checked"
@@ -117,7 +131,7 @@ class Guard:
 
 
 def bounded_outputs(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
-                    ranged: bool = False) -> list[Any] | None:
+                    ranged: Ranged = False) -> list[Any] | None:
     """The scalars under which a transform's ``outputs`` and new ``state`` are finite,
     from the bounds of its maths; ``None`` where this trace has none (sparse
     gradients, an operation without a bound, a step run eagerly, which leaves no
@@ -131,7 +145,7 @@ def bounded_outputs(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
 
 
 def _bounded(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
-             ranged: bool, values: dict[Any, Any] | None = None) -> list[Any]:
+             ranged: Ranged, values: dict[Any, Any] | None = None) -> list[Any]:
     """``bounded_outputs``' scalars; with ``values`` (``bound_outputs``: the inputs,
     old state, scalars and weight reads computed already), computed now."""
     leaves = [t for t in tf.nest.flatten(state) if isinstance(t, (tf.Tensor, tf.Variable))]
@@ -149,15 +163,13 @@ def _bounded(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
         gradients = within_norm(squared_bound([g if g is None else value(g) for g in inputs]))
         known = {g.ref(): gradients for g in present}
     if before:  # one read of the state, unless the step has read it already
-        held = held_state([value(t) for t in before], ranged)
+        positions = leaf_positions(old, len(inputs)) if not isinstance(ranged, bool) else {}
+        held = held_state([value(t) for t in before],
+                          [reads_range(ranged, positions.get(id(t), -1)) for t in before])
         known.update({t.ref(): interval for t, interval in zip(before, held)})
     bounded = bound_outputs(results, known, values)
     record_bounds(bounded.magnitudes, outputs)
     return bounded.required
-
-
-#: how a transform's maths is bounded: from its state's norm, or from its range
-BY_NORM, BY_RANGE = "norm", "range"
 
 
 def maths_key(spec: PipelineSpec, i: int) -> tuple[Any, ...]:
@@ -168,15 +180,16 @@ def maths_key(spec: PipelineSpec, i: int) -> tuple[Any, ...]:
 
 
 def how_bounded(transform: Any, context: Any, key: tuple[Any, ...]) -> str:
-    """``BY_NORM`` or ``BY_RANGE`` where the engine bounds ``transform``'s maths, else
-    why not: its update traced once for two small variables and run once on
-    ordinary values (unit gradients, a state of 0.5, weights from -0.5 to 0.5) for
-    the scalars and weights it reads, and its bounds computed from those values
-    (0.05 to 0.2 s), its state held within its norm, and else within its range
-    (its least and largest element, one more pass over it: what proves the square
-    root of a running mean of squares, which the norm cannot). Where both fail even
-    there, every step would be checked after all, and the transform is checked from
-    the start.
+    """What the engine reads of ``transform``'s state to bound its maths
+    (:mod:`gradpipe._engine.state_reads`), else why it does not bound it: its update
+    traced once for two small variables and run once on ordinary values (unit
+    gradients, a state of 0.5, weights from -0.5 to 0.5) for the scalars and weights
+    it reads, and its bounds computed from those values (0.05 to 0.2 s), its state
+    held within its norm, and else within its range (its least and largest
+    element, one more pass over it: what proves the square root of a running mean
+    of squares, which the norm cannot); then each leaf in turn is left to the norm
+    where the bounds still hold (a few ms each). Where both fail even there, every
+    step would be checked after all, and the transform is checked from the start.
     The answer is found once for ``key`` (``maths_key``) and the update's code, and
     remembered across processes (``answers``). It only picks the guard's mode:
     each step's bounds are traced from the step's own maths, and fall back to a
@@ -217,13 +230,18 @@ def _how_bounded(transform: Any, context: Any) -> str:
         values.update((t.ref(), v) for t, v in zip(traced["grads"], grads))
         values.update((t.ref(), v) for t, v in zip(tf.nest.flatten(traced["state"]),
                                                    tf.nest.flatten(held)))
-        for ranged, answer in ((False, BY_NORM), (True, BY_RANGE)):
+
+        def holds(ranged: Ranged) -> bool:
             with build_scope(context):
                 context.shared.clear()
                 required = _bounded(traced["grads"], traced["state"], traced["outputs"],
                                     traced["new"], ranged, values)
-            if bool(all_finite(required)):
-                return answer
+            return bool(all_finite(required))
+
+        if holds(False):
+            return BY_NORM
+        if holds(True):
+            return _fewest_ranged(traced["state"], len(variables), holds)
     except Unbounded as exc:
         return str(exc)
     except Exception as exc:  # a transform that cannot be traced so is checked
@@ -231,3 +249,20 @@ def _how_bounded(transform: Any, context: Any) -> str:
     finally:
         context.shared.clear()
     return "its bounds fail on ordinary values, even from its state's range"
+
+
+def _fewest_ranged(state: Any, count: int, holds: Callable[[Ranged], bool]) -> str:
+    """The answer that reads the range of the fewest leaves of ``state`` (for ``count``
+    variables) under which the bounds still hold: each floating leaf in turn left to
+    the norm where they do."""
+    positions = leaf_positions(state, count)
+    floating = sorted({positions[id(t)] for t in tf.nest.flatten(state)
+                       if isinstance(t, tf.Tensor) and t.dtype.is_floating})
+    ranged = set(floating)
+    for leaf in floating:
+        if holds(frozenset(ranged - {leaf})):
+            ranged.discard(leaf)
+    if ranged == set(floating):
+        return BY_RANGE
+    names = leaf_names(state, count)
+    return some_ranged({k: names[k] for k in ranged})

@@ -171,10 +171,10 @@ class PerVariable:
     def _held(self, first: int, members: list[int], shared: list[list[Any]]
               ) -> list[list[list[Any]]]:
         """The intervals the state of group ``first`` lies in: per transform, per leaf,
-        the leaf's norm or range (``Guard.ranged``) over the group's ``members``, or,
+        the leaf's norm or range (``Guard.ranges``) over the group's ``members``, or,
         for a proof, ``[0, largest element]`` (a proof reads only the largest, of a
         state its maths keeps non-negative); zeros where the guard reads no state."""
-        proofs, ranged = self._step.guard.proofs, self._step.guard.ranged
+        guard = self._step.guard
         reads = self._guards[first].held
         held = self._interval_specs(first, tf.constant(0.0))
         for i, (_, owned) in enumerate(self._layouts[first]):
@@ -186,11 +186,11 @@ class PerVariable:
                           else [shared[i][at]])
                 if not leaves[0].dtype.is_floating:
                     continue
-                if proofs[i] is not None:
+                if guard.proofs[i] is not None:
                     held[i][k] = [tf.constant(0.0), largest_element_of(leaves)]
                 else:
-                    held[i][k] = list(state_range(leaves) if i in ranged
-                                      else held_state(leaves, False)[0])
+                    held[i][k] = list(state_range(leaves) if guard.ranges(i, k)
+                                      else held_state(leaves, [False] * len(leaves))[0])
         return held
 
     def trials(self) -> list[tuple[Any, tuple[Any, ...]]]:

@@ -26,6 +26,7 @@ from ..errors import GradpipeError
 from ..spec import PipelineSpec
 from ..transform import accelerator_visible
 from .proof_table import proof_summary
+from .state_reads import Ranged, is_bounded, ranged_leaves, read_text
 from .summaries import writer_may_record
 
 # "auto" compiles where XLA pays (benchmarks/HISTORY.md, measured on 2 cores): XLA
@@ -80,8 +81,9 @@ class Plan:
         checks: for each transform, how its outputs are known to be finite.
         bounded: the transforms whose outputs are known finite from the bounds of
             their maths (``gradpipe._engine.bounds``), not from a check.
-        ranged: those of ``bounded`` whose state is held within its range (its
-            least and largest element), not its norm.
+        ranged: those of ``bounded`` that hold some of their state within its
+            range (its least and largest element), not its norm, each with those
+            leaves (``state_reads.Ranged``: true for all).
         rows: which variables a sparse gradient (an embedding lookup's) updates by
             rows, and why the others are made dense; found when the plan is first
             read (``pipe.plan``), not at build.
@@ -96,7 +98,7 @@ class Plan:
     clip_before_reduce: tuple[int, ...]
     checks: tuple[str, ...]
     bounded: tuple[int, ...] = ()
-    ranged: tuple[int, ...] = ()
+    ranged: tuple[tuple[int, Ranged], ...] = ()
     per_variable: Choice = Choice(False, "the step is not compiled")
     rows: Choice | None = None
     servers: Choice | None = None
@@ -130,11 +132,14 @@ def clip_before_reduce(spec: PipelineSpec, requested: bool) -> tuple[int, ...]:
 
 def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...],
             how_bounded: Callable[[int], str] | None, *, compiled: bool, elements: int
-            ) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+            ) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[int, Ranged], ...]]:
     """How each transform's outputs are known finite, which are bounded, and which
-    of those from their state's range (``how_bounded(i)``: "norm", "range" or
-    why not; not asked where a step of ``elements`` is not compiled and small)."""
-    out, bounded, ranged = [], [], []
+    of those read some of their state's range (``how_bounded(i)``: what it reads
+    of the state, ``state_reads``, or why not; not asked where a step of
+    ``elements`` is not compiled and small)."""
+    out: list[str] = []
+    bounded: list[int] = []
+    ranged: list[tuple[int, Ranged]] = []
     if not compiled and elements < BOUND_MIN_ELEMENTS_NOT_COMPILED:
         small = (f"the step is not compiled and its {elements:,} elements are fewer than "
                  f"the {BOUND_MIN_ELEMENTS_NOT_COMPILED:,} where a bound pays")
@@ -149,13 +154,12 @@ def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...],
             out.append(where + "not checked (check_updates = false)")
         elif proof:
             out.append(where + proof_summary(t.name, t.config))
-        elif how_bounded is not None and (why := how_bounded(i)) in ("norm", "range"):
+        elif how_bounded is not None and is_bounded(why := how_bounded(i)):
             bounded.append(i)
-            if why == "range":
-                ranged.append(i)
-            state = "its state's range" if why == "range" else "its state's norm"
-            out.append(where + f"bounded: its traced maths, from its input's norm and "
-                               f"{state} (checked where a bound fails)")
+            if leaves := ranged_leaves(why):
+                ranged.append((i, leaves))
+            out.append(where + f"bounded: its traced maths, from {read_text(why)} "
+                               "(checked where a bound fails)")
         else:
             reason = f" ({why})" if how_bounded is not None else ""
             out.append(where + f"checked: one sum over its updates and new state{reason}")

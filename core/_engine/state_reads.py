@@ -1,0 +1,102 @@
+"""What a bound reads of a transform's state each step: its norm, or the range of some leaves.
+
+A bound (:mod:`gradpipe._engine.bounds`) holds each leaf of a transform's state
+(a first moment, a running mean of squares) within an interval read at every
+step. The norm of the leaves is one pass over each (their sum of squares) and
+holds each within plus or minus it; a leaf's range, its least and largest
+element, is two passes, and is what keeps the square root of a running mean
+of squares from below 0, which the norm cannot. Most rules need the range of
+one leaf and the norm of the others: optax's ``amsgrad`` needs it of its
+running maximum only, AdaBelief of its second moment only. The build finds the
+fewest leaves to read ranges of (``guard.how_bounded``), so a bound costs one
+pass fewer for each leaf it leaves to the norm.
+
+Leaves are named by their position in one variable's flattened state (what
+``init`` gives for one variable alone), which is the same for a probe of two
+variables and for a step of fifty. An answer only picks what the guard reads:
+each step's bounds are traced from what it read, and fall back to a check, so a
+wrong answer can cost speed, never a guarantee.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import tensorflow as tf
+
+from .one_variable import one_variable_structure
+
+#: how a transform's maths is bounded: from its state's norm, or from every leaf's range
+BY_NORM, BY_RANGE = "norm", "range"
+_SOME = "range:"  # then "position=name,..." of the leaves read for their range
+
+#: the leaves held within their range: none (False), every one (True), or those positions
+Ranged = bool | frozenset[int]
+
+
+def is_bounded(answer: str) -> bool:
+    """Whether ``how_bounded``'s ``answer`` bounds the maths (else it says why not)."""
+    return answer in (BY_NORM, BY_RANGE) or answer.startswith(_SOME)
+
+
+def some_ranged(names: dict[int, str]) -> str:
+    """The answer that reads the range of the leaves ``names`` (position -> name) alone."""
+    return _SOME + ",".join(f"{k}={name}" for k, name in sorted(names.items()))
+
+
+def _named(answer: str) -> dict[int, str]:
+    pairs = (part.split("=", 1) for part in answer[len(_SOME):].split(","))
+    return {int(k): name for k, name in pairs}
+
+
+def ranged_leaves(answer: str) -> Ranged:
+    """The leaves a bounded ``answer`` reads the range of."""
+    return answer == BY_RANGE or (answer.startswith(_SOME) and frozenset(_named(answer)))
+
+
+def reads_range(ranged: Ranged, leaf: int) -> bool:
+    """Whether state leaf ``leaf`` (its position in one variable's state) is ranged."""
+    return ranged if isinstance(ranged, bool) else leaf in ranged
+
+
+def read_text(answer: str) -> str:
+    """What the plan says a bound reads, for ``answer``."""
+    if not answer.startswith(_SOME):
+        return "its input's norm and " + (
+            "its state's range" if answer == BY_RANGE else "its state's norm")
+    names = sorted(_named(answer).values())
+    listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+    return f"its input's norm, the range of its {listed} and the norm of the rest of its state"
+
+
+def leaf_positions(state: Any, count: int) -> dict[int, int]:
+    """``id`` of each leaf of ``state`` (a transform's state for ``count`` variables) ->
+    its position in one variable's flattened state."""
+    return {id(t): k for j in range(count)
+            for k, t in enumerate(tf.nest.flatten(one_variable_structure(state, count, j)))}
+
+
+def leaf_names(state: Any, count: int) -> list[str]:
+    """A name for each position of one variable's flattened state: its path (``nu_max``,
+    ``moments/1``), else ``leaf K`` where the structure is not one this names."""
+    single = one_variable_structure(state, count, 0)
+    names = [name.removesuffix("/0") or "state" for name in _paths(single, "")]
+    if len(names) != len(tf.nest.flatten(single)):
+        return [f"leaf {k}" for k in range(len(tf.nest.flatten(single)))]
+    return names
+
+
+def _paths(structure: Any, prefix: str) -> Iterator[str]:
+    """Paths of ``structure``'s leaves, in ``tf.nest.flatten``'s order."""
+    if isinstance(structure, dict):
+        items = [(str(k), structure[k]) for k in sorted(structure)]
+    elif isinstance(structure, tuple) and hasattr(structure, "_fields"):
+        items = list(zip(structure._fields, structure))
+    elif isinstance(structure, (list, tuple)):
+        items = [(str(i), v) for i, v in enumerate(structure)]
+    else:
+        yield prefix.rstrip("/")
+        return
+    for name, value in items:
+        yield from _paths(value, f"{prefix}{name}/")
