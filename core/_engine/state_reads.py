@@ -81,7 +81,9 @@ def leaf_names(state: Any, count: int) -> list[str]:
     """A name for each position of one variable's flattened state: its path (``nu_max``,
     ``moments/1``), else ``leaf K`` where the structure is not one this names."""
     single = one_variable_structure(state, count, 0)
-    names = [name.removesuffix("/0") or "state" for name in _paths(single, "")]
+    # one variable's entry of a list of one per variable is its entry 0: no name
+    names = [name.removesuffix("/0") for name in _paths(single, "")]
+    names = ["state" if name in ("", "0") else name for name in names]
     if len(names) != len(tf.nest.flatten(single)):
         return [f"leaf {k}" for k in range(len(tf.nest.flatten(single)))]
     return names
