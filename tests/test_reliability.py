@@ -98,6 +98,11 @@ PROVED = st.one_of(
         "min_step_size": least, "max_step_size": most},
         EXTREME_RATES, st.sampled_from([1.2, 1e30]), st.sampled_from([0.0, 0.5]),
         st.sampled_from([0.0, 1e-6]), st.sampled_from([50.0, 1e30, 3e38])),
+    st.builds(lambda lr, b1, b2, eps, mu, nu: {
+        "kind": "amsgrad", "learning_rate": lr, "beta_1": b1, "beta_2": b2, "epsilon": eps,
+        "bias_correction_mu": mu, "bias_correction_nu": nu},
+        EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]), st.sampled_from([0.0, 0.999, 0.9999]),
+        st.sampled_from([1e-30, 1e-7, 1.0]), st.booleans(), st.booleans()),
     st.builds(lambda lr, b1, eps, wd: {"kind": "adamw", "learning_rate": lr, "beta_1": b1,
                                         "epsilon": eps, "weight_decay": wd},
               EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]),

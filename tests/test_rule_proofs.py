@@ -1,6 +1,7 @@
 """``adamax``, ``nadam``, the sign rules (``lion``, ``sign_sgd``, ``signum``),
 optax's ``adamaxw``, ``nadamw``, ``radam`` and ``rprop`` proved finite from their
-input's norm (and the weights' norm where a weight decays); every proof's
+input's norm (and the weights' norm where a weight decays), optax's ``amsgrad``
+from its input's norm and its second moment's largest element; every proof's
 epsilon a normal float32.
 
 Adamax's step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|``
@@ -70,6 +71,15 @@ def _schedule(end: float) -> dict:
     ("rprop", {"eta_plus": 1e39}, False),  # inf in float32: outside the proof, checked
     ("rprop", {"learning_rate": 1e39}, False),  # inf: inf * sign 0 is NaN
     ("rprop", {"max_step_size": 1e39}, False),  # an overflowing step size clips to inf
+    # K = 4 / 0.1 * 2**64 / 1e-8 = 7.4e28 (2 * 2**64 / 1e-8 without bias_correction_mu)
+    ("amsgrad", {}, True),
+    ("amsgrad", {"learning_rate": "@lr"}, True),
+    ("amsgrad", {"learning_rate": 4e9}, True),  # 3.0e38
+    ("amsgrad", {"learning_rate": 5e9}, False),  # 3.7e38: the step may overflow
+    ("amsgrad", {"learning_rate": 5e9, "bias_correction_mu": False}, True),  # 1.8e37
+    ("amsgrad", {"beta_2": "@lr"}, False),  # a scheduled beta: bounded instead
+    ("amsgrad", {"beta_2": 0.9999999}, False),  # 1 - beta_2 below 2**-22 in float32
+    ("amsgrad", {"epsilon": 0.0}, False),  # 0 / 0 where m and nu_max are 0
 ])
 def test_outputs_are_proved_only_where_the_bound_holds(kind, options, proved):
     pipe = gradpipe.build({"schedules": _schedule(0.02),
@@ -143,8 +153,38 @@ def test_rprop_applies_exactly_the_steps_a_check_applies(path):
         np.testing.assert_array_equal(a, b)
 
 
+def _amsgrad_steps(kind: str, path: str) -> tuple[list[bool], list[np.ndarray], object]:
+    variables = [tf.Variable(np.full((6, 4), 0.5, "f4")), tf.Variable(np.zeros(4, "f4"))]
+    pipe = gradpipe.build({"pipeline": {"jit_compile": path != "plain"},
+                           "transforms": [*PATHS[path], {"kind": kind}]})
+    pipe.build(variables)
+    nu = pipe.transform_state(len(PATHS[path]))["nu/Variable"]
+    step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
+    applied = []
+    for largest in (None, 3e35, 2e36, 1.0):
+        if largest is not None:
+            nu.assign(np.where(np.arange(24).reshape(6, 4) == 0, largest, 1.0).astype("f4"))
+        applied.append(bool(step([tf.constant(g) for g in ONES])))
+    return applied, [v.numpy() for v in variables], pipe.plan
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_amsgrad_applies_exactly_the_steps_a_check_applies(path):
+    """amsgrad's proof reads its second moment's largest element: with an element of
+    3e35 the proof fails (nu / (1 - beta_2**t) may grow by 2 / (1 - beta_2)), the step
+    is checked and applies (at t = 2 it is 1.5e38); with 2e36 it is 6.7e38 at t = 3,
+    and both skip it; with 1.0 again both apply."""
+    (by_proof, weights, plan), (by_check, reference, _) = (
+        _amsgrad_steps(k, path) for k in ("amsgrad", checked_copy("amsgrad")))
+    assert f"amsgrad at transforms[{len(PATHS[path])}]: proved from its input's norm and " \
+           "its state's largest element" in plan.checks[-1]
+    assert by_proof == by_check == [True, True, False, True]
+    for a, b in zip(weights, reference):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["adam", "adamw", "lamb", "adamax", "nadam", "adamaxw",
-                                  "nadamw"])
+                                  "nadamw", "amsgrad"])
 @pytest.mark.parametrize("path", ["plain", "whole"])
 def test_an_epsilon_that_rounds_to_0_is_checked(kind, path):
     """``epsilon = 1e-50`` is 0 in float32: at a rate of 0 the bound holds, but a zero

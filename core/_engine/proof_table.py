@@ -41,6 +41,8 @@ from .proofs import (
 from .rate_proofs import (
     adamax_proof,
     adamax_provable,
+    amsgrad_proof,
+    amsgrad_provable,
     nadam_proof,
     nadam_provable,
     rprop_provable,
@@ -112,6 +114,9 @@ _PROOFS: dict[str, _Proof] = {
     "signum": _Proof(sign_provable, lambda c: CheckedWhereItFails(sign_proof(c, "beta"))),
     # a step size times a sign: at its constant rate, sign_proof reads the input alone
     "rprop": _Proof(rprop_provable, lambda c: CheckedWhereItFails(sign_proof(c))),
+    # a multiple of its rate, and its second moment's largest element
+    "amsgrad": _Proof(amsgrad_provable, lambda c: CheckedWhereItFails(amsgrad_proof(c)),
+                      reads=(_LARGEST_STATE,)),
     "fromage": _Proof(fromage_provable, lambda c: CheckedWhereItFails(fromage_proof(c)),
                       reads=(_WEIGHTS,)),
     "conditional_gradient": _Proof(

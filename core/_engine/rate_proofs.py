@@ -1,5 +1,6 @@
 """Proofs of the rules whose step stays within a multiple of their rate: ``adamax``,
-``nadam``, the sign rules ``lion``, ``sign_sgd`` and ``signum``, and ``rprop``.
+``nadam``, the sign rules ``lion``, ``sign_sgd`` and ``signum``, ``rprop`` and
+``amsgrad``.
 
 As :mod:`gradpipe._engine.proofs`' own, each holds for gradpipe's maths only and
 assumes its inputs finite (a finite sum of squares bounds every element by
@@ -28,6 +29,19 @@ rate, at each step for a scheduled one (where it fails, the step is checked):
   overflowing product clips to ``max_step_size``). A finite input times the
   last step (finite) is never NaN, so nothing is read but the input's norm:
   its rate is a number, never scheduled.
+* optax's ``amsgrad``, with constant betas whose ``1 - beta`` is at least
+  ``2**-22`` in float32 and ``epsilon`` a normal float32: its step ``lr * m_hat
+  / (sqrt(nu_max + epsilon_root) + epsilon)`` has a denominator of at least
+  ``epsilon`` (``nu_max``, a maximum of averages of squares, is not negative as
+  its maths leaves it) and ``|m_hat| <= 2**64 / (1 - beta_1**t)``, where ``1 -
+  beta_1**t`` is at least half of ``1 - beta_1`` in float32 (2 ulps below it at
+  most): ``K = 4 / (1 - beta_1) * 2**64 / epsilon`` (``2 * 2**64 / epsilon``
+  without ``bias_correction_mu``). Its new second moment ``(1 - beta_2) g**2 +
+  beta_2 nu`` can round past the maximum, and its corrected value ``nu / (1 -
+  beta_2**t)`` grows by up to ``2 / (1 - beta_2)``: each step reads ``nu``'s
+  largest element (one pass, as ``rmsprop``'s proof) and requires ``(beta_2
+  max(nu) + (1 - beta_2) sum(g**2)) * 2 / (1 - beta_2)`` below the maximum. The
+  running maximum of finite values stays finite.
 """
 
 from __future__ import annotations
@@ -37,7 +51,7 @@ from typing import Any
 
 from ..fields import is_constant
 from ..transform import hyper
-from .bounds import squared_bound
+from .bounds import largest_element, squared_bound
 from .proofs import (
     FLOAT32_BOUND,
     LARGEST_ELEMENT,
@@ -133,6 +147,49 @@ def rprop_provable(config: Any) -> bool:
     return all(abs(value) < FLOAT32_BOUND for value in (
         config.learning_rate, config.eta_minus, config.eta_plus, config.min_step_size,
         config.max_step_size))
+
+
+#: the least ``1 - beta`` (float32) of amsgrad's proof: ``1 - beta**t`` then stays above
+#: half of it, two float32 ulps of ``pow`` below it at most
+AMSGRAD_LEAST_ONE_MINUS_BETA = 2.0**-22
+
+
+def _amsgrad_k(config: Any) -> float:
+    if config.bias_correction_mu:
+        return per_rate(config, 4.0)
+    return 2.0 * LARGEST_ELEMENT / config.epsilon
+
+
+def amsgrad_provable(config: Any) -> bool:
+    return (all(is_constant(b) and float32(1.0 - float32(b)) >= AMSGRAD_LEAST_ONE_MINUS_BETA
+                for b in (config.beta_1, config.beta_2))
+            and float32(config.epsilon) >= LEAST_EPSILON
+            and _rate_provable(config, _amsgrad_k(config)))
+
+
+def amsgrad_proof(config: Any) -> Prove:
+    import tensorflow as tf
+
+    decay, scale = float32(config.beta_2), float32(1.0 - float32(config.beta_2))
+    # nu / (1 - beta_2**t), where 1 - beta_2**t >= (1 - beta_2) / 2
+    growth = 2.0 / scale if config.bias_correction_nu else 1.0
+    rate = _rate_proof(config, _amsgrad_k(config))
+
+    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
+              ) -> list[Any] | None:
+        required = rate(inputs, read_state, variables)
+        if required is None:  # sparse or float16 inputs: checked
+            return None
+        largest = [tf.cast(largest_element(v), tf.float64)
+                   for g, v in zip(inputs, read_state().nu) if g is not None]
+        if not largest:
+            return required
+        # in float64, compared with float32's maximum: NaN/Inf fail too
+        squared = tf.cast(squared_bound(inputs), tf.float64)
+        new_nu = decay * tf.reduce_max(tf.stack(largest)) + scale * squared
+        return [*required, new_nu * growth < FLOAT32_BOUND]
+
+    return prove
 
 
 def sign_proof(config: Any, *betas: str) -> Prove:

@@ -6,8 +6,8 @@ step. The norm of the leaves is one pass over each (their sum of squares) and
 holds each within plus or minus it; a leaf's range, its least and largest
 element, is two passes, and is what keeps the square root of a running mean
 of squares from below 0, which the norm cannot. Most rules need the range of
-one leaf and the norm of the others: optax's ``amsgrad`` needs it of its
-running maximum only, AdaBelief of its second moment only. The build finds the
+one leaf and the norm of the others: AdaBelief's of its second moment only,
+SM3's of its cover only. The build finds the
 fewest leaves to read ranges of (``guard.how_bounded``), so a bound costs one
 pass fewer for each leaf it leaves to the norm.
 
@@ -78,7 +78,7 @@ def leaf_positions(state: Any, count: int) -> dict[int, int]:
 
 
 def leaf_names(state: Any, count: int) -> list[str]:
-    """A name for each position of one variable's flattened state: its path (``nu_max``,
+    """A name for each position of one variable's flattened state: its path (``nu``,
     ``moments/1``), else ``leaf K`` where the structure is not one this names."""
     single = one_variable_structure(state, count, 0)
     # one variable's entry of a list of one per variable is its entry 0: no name
