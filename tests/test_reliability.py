@@ -103,6 +103,8 @@ PROVED = st.one_of(
         "bias_correction_mu": mu, "bias_correction_nu": nu},
         EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]), st.sampled_from([0.0, 0.999, 0.9999]),
         st.sampled_from([1e-30, 1e-7, 1.0]), st.booleans(), st.booleans()),
+    st.builds(lambda lr, mu: {"kind": "sm3", "learning_rate": lr, "momentum": mu},
+              EXTREME_RATES, st.sampled_from([0.0, 0.9, 1.0])),
     st.builds(lambda lr, b1, eps, wd: {"kind": "adamw", "learning_rate": lr, "beta_1": b1,
                                         "epsilon": eps, "weight_decay": wd},
               EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]),

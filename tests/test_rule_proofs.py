@@ -1,8 +1,8 @@
 """``adamax``, ``nadam``, the sign rules (``lion``, ``sign_sgd``, ``signum``),
 optax's ``adamaxw``, ``nadamw``, ``radam`` and ``rprop`` proved finite from their
 input's norm (and the weights' norm where a weight decays), optax's ``amsgrad``
-from its input's norm and its second moment's largest element; every proof's
-epsilon a normal float32.
+and ``sm3`` from their input's norm and their state's largest element; every
+proof's epsilon a normal float32.
 
 Adamax's step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|``
 and a denominator of at least ``(1 - beta_1) epsilon``: the step stays within
@@ -80,6 +80,11 @@ def _schedule(end: float) -> dict:
     ("amsgrad", {"beta_2": "@lr"}, False),  # a scheduled beta: bounded instead
     ("amsgrad", {"beta_2": 0.9999999}, False),  # 1 - beta_2 below 2**-22 in float32
     ("amsgrad", {"epsilon": 0.0}, False),  # 0 / 0 where m and nu_max are 0
+    # a momentum of values within 1: K = 2
+    ("sm3", {}, True),
+    ("sm3", {"learning_rate": "@lr", "momentum": "@lr"}, True),  # each step requires its own
+    ("sm3", {"learning_rate": 1.6e38}, True),
+    ("sm3", {"learning_rate": 1.8e38}, False),  # 3.6e38: the step may overflow
 ])
 def test_outputs_are_proved_only_where_the_bound_holds(kind, options, proved):
     pipe = gradpipe.build({"schedules": _schedule(0.02),
@@ -153,19 +158,26 @@ def test_rprop_applies_exactly_the_steps_a_check_applies(path):
         np.testing.assert_array_equal(a, b)
 
 
-def _amsgrad_steps(kind: str, path: str) -> tuple[list[bool], list[np.ndarray], object]:
+def _steps_from_state(kind: str, path: str, slot: str, steps: list
+                      ) -> tuple[list[bool], list[np.ndarray], object]:
+    """``steps``: each the value ``slot`` is set to first (``None``: as it is) and the
+    gradients."""
     variables = [tf.Variable(np.full((6, 4), 0.5, "f4")), tf.Variable(np.zeros(4, "f4"))]
     pipe = gradpipe.build({"pipeline": {"jit_compile": path != "plain"},
                            "transforms": [*PATHS[path], {"kind": kind}]})
     pipe.build(variables)
-    nu = pipe.transform_state(len(PATHS[path]))["nu/Variable"]
+    state = pipe.transform_state(len(PATHS[path]))[slot]
     step = tf.function(lambda g: pipe.apply_gradients(zip(g, variables)))
     applied = []
-    for largest in (None, 3e35, 2e36, 1.0):
-        if largest is not None:
-            nu.assign(np.where(np.arange(24).reshape(6, 4) == 0, largest, 1.0).astype("f4"))
-        applied.append(bool(step([tf.constant(g) for g in ONES])))
+    for value, grads in steps:
+        if value is not None:
+            state.assign(np.asarray(value, "f4"))
+        applied.append(bool(step([tf.constant(g) for g in grads])))
     return applied, [v.numpy() for v in variables], pipe.plan
+
+
+def _one_large(value: float, shape: tuple = (6, 4)) -> np.ndarray:
+    return np.where(np.arange(np.prod(shape)).reshape(shape) == 0, value, 1.0)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -174,9 +186,33 @@ def test_amsgrad_applies_exactly_the_steps_a_check_applies(path):
     3e35 the proof fails (nu / (1 - beta_2**t) may grow by 2 / (1 - beta_2)), the step
     is checked and applies (at t = 2 it is 1.5e38); with 2e36 it is 6.7e38 at t = 3,
     and both skip it; with 1.0 again both apply."""
+    steps = [(None, ONES), (_one_large(3e35), ONES), (_one_large(2e36), ONES),
+             (_one_large(1.0), ONES)]
     (by_proof, weights, plan), (by_check, reference, _) = (
-        _amsgrad_steps(k, path) for k in ("amsgrad", checked_copy("amsgrad")))
+        _steps_from_state(k, path, "nu/Variable", steps)
+        for k in ("amsgrad", checked_copy("amsgrad")))
     assert f"amsgrad at transforms[{len(PATHS[path])}]: proved from its input's norm and " \
+           "its state's largest element" in plan.checks[-1]
+    assert by_proof == by_check == [True, True, False, True]
+    for a, b in zip(weights, reference):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_sm3_applies_exactly_the_steps_a_check_applies(path):
+    """sm3's proof reads its cover's largest element: a cover of 3.39e38 and a
+    gradient of 1e19 elsewhere fail it (3.39e38 + 1e38), the step is checked and
+    applies (each accumulator is finite); a cover of 3e38 under a gradient of 1.5e19
+    overflows, and both skip it; with a cover of 1 again both apply."""
+    def vector(first: float, second: float = 1.0) -> list[np.ndarray]:
+        return [ONES[0], np.array([first, second, 1.0, 1.0], "f4")]
+
+    steps = [(None, ONES), (_one_large(3.39e38, (4,)), vector(1.0, 1e19)),
+             (_one_large(3e38, (4,)), vector(1.5e19)), (np.ones(4), ONES)]
+    (by_proof, weights, plan), (by_check, reference, _) = (
+        _steps_from_state(k, path, "cover/Variable_1", steps)
+        for k in ("sm3", checked_copy("sm3")))
+    assert f"sm3 at transforms[{len(PATHS[path])}]: proved from its input's norm and " \
            "its state's largest element" in plan.checks[-1]
     assert by_proof == by_check == [True, True, False, True]
     for a, b in zip(weights, reference):

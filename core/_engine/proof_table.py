@@ -48,6 +48,8 @@ from .rate_proofs import (
     rprop_provable,
     sign_proof,
     sign_provable,
+    sm3_proof,
+    sm3_provable,
 )
 from .weight_proofs import (
     adafactor_proof,
@@ -117,6 +119,9 @@ _PROOFS: dict[str, _Proof] = {
     # a multiple of its rate, and its second moment's largest element
     "amsgrad": _Proof(amsgrad_provable, lambda c: CheckedWhereItFails(amsgrad_proof(c)),
                       reads=(_LARGEST_STATE,)),
+    # a multiple of its rate, and its cover's largest element
+    "sm3": _Proof(sm3_provable, lambda c: CheckedWhereItFails(sm3_proof(c)),
+                  reads=(_LARGEST_STATE,)),
     "fromage": _Proof(fromage_provable, lambda c: CheckedWhereItFails(fromage_proof(c)),
                       reads=(_WEIGHTS,)),
     "conditional_gradient": _Proof(

@@ -1,6 +1,6 @@
 """Proofs of the rules whose step stays within a multiple of their rate: ``adamax``,
-``nadam``, the sign rules ``lion``, ``sign_sgd`` and ``signum``, ``rprop`` and
-``amsgrad``.
+``nadam``, the sign rules ``lion``, ``sign_sgd`` and ``signum``, ``rprop``, and
+optax's ``amsgrad`` and ``sm3``.
 
 As :mod:`gradpipe._engine.proofs`' own, each holds for gradpipe's maths only and
 assumes its inputs finite (a finite sum of squares bounds every element by
@@ -42,6 +42,12 @@ rate, at each step for a scheduled one (where it fails, the step is checked):
   largest element (one pass, as ``rmsprop``'s proof) and requires ``(beta_2
   max(nu) + (1 - beta_2) sum(g**2)) * 2 / (1 - beta_2)`` below the maximum. The
   running maximum of finite values stays finite.
+* optax's ``sm3``: each element's accumulator is ``g**2`` plus the least of its
+  axes' entries (not negative as its maths leaves them), so ``g`` times its
+  inverse root stays within 1 (a ``g**2`` that underflows: ``|g| * 1e4``, far
+  below), and so does the momentum of it: ``K = 2``, a scheduled momentum in
+  [0, 1]. Each step reads the cover's largest element and requires it plus
+  ``sum(g**2)``, every new entry's bound, below the maximum.
 """
 
 from __future__ import annotations
@@ -167,13 +173,12 @@ def amsgrad_provable(config: Any) -> bool:
             and _rate_provable(config, _amsgrad_k(config)))
 
 
-def amsgrad_proof(config: Any) -> Prove:
+def _with_sum_of_squares(rate: Prove, field: str, decay: float, scale: float,
+                         growth: float = 1.0) -> Prove:
+    """``rate``'s proof, and the state's ``field``, whose new value is ``decay * old +
+    scale * g**2`` (not negative as its maths leaves it), times ``growth`` below the
+    float32 maximum: read from its largest element and the input's sum of squares."""
     import tensorflow as tf
-
-    decay, scale = float32(config.beta_2), float32(1.0 - float32(config.beta_2))
-    # nu / (1 - beta_2**t), where 1 - beta_2**t >= (1 - beta_2) / 2
-    growth = 2.0 / scale if config.bias_correction_nu else 1.0
-    rate = _rate_proof(config, _amsgrad_k(config))
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
               ) -> list[Any] | None:
@@ -181,15 +186,36 @@ def amsgrad_proof(config: Any) -> Prove:
         if required is None:  # sparse or float16 inputs: checked
             return None
         largest = [tf.cast(largest_element(v), tf.float64)
-                   for g, v in zip(inputs, read_state().nu) if g is not None]
+                   for g, v in zip(inputs, getattr(read_state(), field)) if g is not None]
         if not largest:
             return required
         # in float64, compared with float32's maximum: NaN/Inf fail too
         squared = tf.cast(squared_bound(inputs), tf.float64)
-        new_nu = decay * tf.reduce_max(tf.stack(largest)) + scale * squared
-        return [*required, new_nu * growth < FLOAT32_BOUND]
+        new = decay * tf.reduce_max(tf.stack(largest)) + scale * squared
+        return [*required, new * growth < FLOAT32_BOUND]
 
     return prove
+
+
+def amsgrad_proof(config: Any) -> Prove:
+    decay, scale = float32(config.beta_2), float32(1.0 - float32(config.beta_2))
+    # nu / (1 - beta_2**t), where 1 - beta_2**t >= (1 - beta_2) / 2
+    growth = 2.0 / scale if config.bias_correction_nu else 1.0
+    return _with_sum_of_squares(_rate_proof(config, _amsgrad_k(config)), "nu", decay, scale,
+                                growth)
+
+
+#: sm3's step is its rate times a momentum of values within 1 (2: float rounding)
+SM3_K = 2.0
+
+
+def sm3_provable(config: Any) -> bool:
+    return _rate_provable(config, SM3_K)
+
+
+def sm3_proof(config: Any) -> Prove:
+    rate = _rate_proof(config, SM3_K, in_unit_interval(config, "momentum"))
+    return _with_sum_of_squares(rate, "cover", 1.0, 1.0)
 
 
 def sign_proof(config: Any, *betas: str) -> Prove:

@@ -7,7 +7,7 @@ holds each within plus or minus it; a leaf's range, its least and largest
 element, is two passes, and is what keeps the square root of a running mean
 of squares from below 0, which the norm cannot. Most rules need the range of
 one leaf and the norm of the others: AdaBelief's of its second moment only,
-SM3's of its cover only. The build finds the
+Adan's of its ``n`` only. The build finds the
 fewest leaves to read ranges of (``guard.how_bounded``), so a bound costs one
 pass fewer for each leaf it leaves to the norm.
 
