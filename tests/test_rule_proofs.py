@@ -160,8 +160,8 @@ def test_rprop_applies_exactly_the_steps_a_check_applies(path):
 
 def _steps_from_state(kind: str, path: str, slot: str, steps: list
                       ) -> tuple[list[bool], list[np.ndarray], object]:
-    """``steps``: each the value ``slot`` is set to first (``None``: as it is) and the
-    gradients."""
+    """Which ``steps`` apply, the weights, the plan. ``steps``: each the value ``slot``
+    is set to first (``None``: as it is) and the gradients."""
     variables = [tf.Variable(np.full((6, 4), 0.5, "f4")), tf.Variable(np.zeros(4, "f4"))]
     pipe = gradpipe.build({"pipeline": {"jit_compile": path != "plain"},
                            "transforms": [*PATHS[path], {"kind": kind}]})
@@ -180,22 +180,28 @@ def _one_large(value: float, shape: tuple = (6, 4)) -> np.ndarray:
     return np.where(np.arange(np.prod(shape)).reshape(shape) == 0, value, 1.0)
 
 
+def _assert_proof_applies_as_the_check(kind: str, path: str, slot: str, steps: list
+                                       ) -> None:
+    """The proof, read from its state's largest element, applies the steps a check of
+    the same maths applies (one that fails it, checked, applies), and nothing else."""
+    (by_proof, weights, plan), (by_check, reference, _) = (
+        _steps_from_state(k, path, slot, steps) for k in (kind, checked_copy(kind)))
+    assert f"{kind} at transforms[{len(PATHS[path])}]: proved from its input's norm and " \
+           "its state's largest element" in plan.checks[-1]
+    assert by_proof == by_check == [True, True, False, True]
+    for a, b in zip(weights, reference):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_amsgrad_applies_exactly_the_steps_a_check_applies(path):
     """amsgrad's proof reads its second moment's largest element: with an element of
     3e35 the proof fails (nu / (1 - beta_2**t) may grow by 2 / (1 - beta_2)), the step
     is checked and applies (at t = 2 it is 1.5e38); with 2e36 it is 6.7e38 at t = 3,
     and both skip it; with 1.0 again both apply."""
-    steps = [(None, ONES), (_one_large(3e35), ONES), (_one_large(2e36), ONES),
-             (_one_large(1.0), ONES)]
-    (by_proof, weights, plan), (by_check, reference, _) = (
-        _steps_from_state(k, path, "nu/Variable", steps)
-        for k in ("amsgrad", checked_copy("amsgrad")))
-    assert f"amsgrad at transforms[{len(PATHS[path])}]: proved from its input's norm and " \
-           "its state's largest element" in plan.checks[-1]
-    assert by_proof == by_check == [True, True, False, True]
-    for a, b in zip(weights, reference):
-        np.testing.assert_array_equal(a, b)
+    _assert_proof_applies_as_the_check("amsgrad", path, "nu/Variable", [
+        (None, ONES), (_one_large(3e35), ONES), (_one_large(2e36), ONES),
+        (_one_large(1.0), ONES)])
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -207,16 +213,9 @@ def test_sm3_applies_exactly_the_steps_a_check_applies(path):
     def vector(first: float, second: float = 1.0) -> list[np.ndarray]:
         return [ONES[0], np.array([first, second, 1.0, 1.0], "f4")]
 
-    steps = [(None, ONES), (_one_large(3.39e38, (4,)), vector(1.0, 1e19)),
-             (_one_large(3e38, (4,)), vector(1.5e19)), (np.ones(4), ONES)]
-    (by_proof, weights, plan), (by_check, reference, _) = (
-        _steps_from_state(k, path, "cover/Variable_1", steps)
-        for k in ("sm3", checked_copy("sm3")))
-    assert f"sm3 at transforms[{len(PATHS[path])}]: proved from its input's norm and " \
-           "its state's largest element" in plan.checks[-1]
-    assert by_proof == by_check == [True, True, False, True]
-    for a, b in zip(weights, reference):
-        np.testing.assert_array_equal(a, b)
+    _assert_proof_applies_as_the_check("sm3", path, "cover/Variable_1", [
+        (None, ONES), (_one_large(3.39e38, (4,)), vector(1.0, 1e19)),
+        (_one_large(3e38, (4,)), vector(1.5e19)), (np.ones(4), ONES)])
 
 
 @pytest.mark.parametrize("kind", ["adam", "adamw", "lamb", "adamax", "nadam", "adamaxw",
