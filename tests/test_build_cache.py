@@ -70,10 +70,13 @@ def test_the_next_process_reads_the_answer_back_until_the_source_changes(fake_di
     # an answer the analysis would not give, to see that the next process uses it
     path.write_text(json.dumps(dict.fromkeys(answers, "range")))
     assert "from its input's norm and its state's range" in plan_line()
+    # an answer edited out of shape: no leaf's range is read, nothing fails
+    path.write_text(json.dumps(dict.fromkeys(answers, "range:x,=")))
+    assert "from its input's norm and its state's norm" in plan_line()
     module = fake_dists.root / "ema_demo_plugin.py"
     module.write_text(module.read_text() + "# edited\n")
     assert "from its input's norm and its state's norm" in plan_line()
-    assert sorted(_answers(cache)[1].values()) == ["norm", "range"]
+    assert sorted(_answers(cache)[1].values()) == ["norm", "range:x,="]
 
 
 def _range_plan(learning_rate: float) -> str:

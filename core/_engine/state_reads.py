@@ -46,8 +46,15 @@ def some_ranged(names: dict[int, str]) -> str:
 
 
 def _named(answer: str) -> dict[int, str]:
-    pairs = (part.split("=", 1) for part in answer[len(_SOME):].split(","))
-    return {int(k): name for k, name in pairs}
+    """``some_ranged``'s leaves; a part that is not ``position=name`` (an answer file
+    edited by hand) is left out: that leaf is then read for its norm, which costs a
+    bound that may fail, never a guarantee."""
+    named = {}
+    for part in answer[len(_SOME):].split(","):
+        position, _, name = part.partition("=")
+        if position.isdigit():
+            named[int(position)] = name
+    return named
 
 
 def ranged_leaves(answer: str) -> Ranged:
@@ -66,6 +73,8 @@ def read_text(answer: str) -> str:
         return "its input's norm and " + (
             "its state's range" if answer == BY_RANGE else "its state's norm")
     names = sorted(_named(answer).values())
+    if not names:
+        return "its input's norm and its state's norm"
     listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
     return f"its input's norm, the range of its {listed} and the norm of the rest of its state"
 
@@ -83,7 +92,9 @@ def leaf_names(state: Any, count: int) -> list[str]:
     single = one_variable_structure(state, count, 0)
     # one variable's entry of a list of one per variable is its entry 0: no name
     names = [name.removesuffix("/0") for name in _paths(single, "")]
-    names = ["state" if name in ("", "0") else name for name in names]
+    # "," and "=" separate an answer's leaves (``some_ranged``)
+    names = ["state" if name in ("", "0") else name.replace(",", ";").replace("=", ":")
+             for name in names]
     if len(names) != len(tf.nest.flatten(single)):
         return [f"leaf {k}" for k in range(len(tf.nest.flatten(single)))]
     return names
