@@ -222,6 +222,22 @@ def adam_proof(config: Any, added: Callable[[list[Any]], Any] | None = None) -> 
     return prove
 
 
+def new_mean_square(inputs: list[Any], leaves: list[Any], decay: float, scale: float
+                    ) -> tuple[Any, Any] | None:
+    """The inputs' sum of squares and a bound of every element of a state's new ``decay
+    * v + scale * g**2`` (``leaves``: ``v``, one per input, not negative as its maths
+    leaves it; their largest element read), both in float64, to compare with
+    float32's maximum (NaN/Inf fail too); ``None`` where no input is given."""
+    import tensorflow as tf
+
+    largest = [tf.cast(largest_element(v), tf.float64)
+               for g, v in zip(inputs, leaves) if g is not None]
+    if not largest:
+        return None
+    squared = tf.cast(squared_bound(inputs), tf.float64)
+    return squared, decay * tf.reduce_max(tf.stack(largest)) + scale * squared
+
+
 def mean_square_proof(config: Any, average: str, decay: float, scale: float) -> Prove:
     """The proof of ``lr * g / sqrt(v + eps)`` where the new ``v``, the state's field
     ``average``, is ``decay * v + scale * g**2``."""
@@ -233,16 +249,13 @@ def mean_square_proof(config: Any, average: str, decay: float, scale: float) -> 
               ) -> list[Any] | None:
         if sparse_or_narrow(inputs):
             return None
-        largest = [tf.cast(largest_element(v), tf.float64)
-                   for g, v in zip(inputs, getattr(read_state(), average)) if g is not None]
-        if not largest:
+        found = new_mean_square(inputs, getattr(read_state(), average), decay, scale)
+        if found is None:
             return []
-        # in float64, compared with float32's maximum: NaN/Inf fail too
-        squared = tf.cast(squared_bound(inputs), tf.float64)
+        squared, new_average = found
         # 2 * lr / sqrt(scale) bounds the update, lr * |g| its product lr * g computed first
         step = 2 * tf.cast(lr(), tf.float64) * tf.maximum(tf.sqrt(squared),
                                                           1 / math.sqrt(scale))
-        new_average = decay * tf.reduce_max(tf.stack(largest)) + scale * squared
         return [step < FLOAT32_BOUND, new_average < FLOAT32_BOUND]
 
     return prove

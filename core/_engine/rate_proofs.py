@@ -57,13 +57,14 @@ from typing import Any
 
 from ..fields import is_constant
 from ..transform import hyper
-from .bounds import largest_element, squared_bound
+from .bounds import squared_bound
 from .proofs import (
     FLOAT32_BOUND,
     LARGEST_ELEMENT,
     LEAST_EPSILON,
     Prove,
     float32,
+    new_mean_square,
     sparse_or_narrow,
 )
 
@@ -176,23 +177,15 @@ def amsgrad_provable(config: Any) -> bool:
 def _with_sum_of_squares(rate: Prove, field: str, decay: float, scale: float,
                          growth: float = 1.0) -> Prove:
     """``rate``'s proof, and the state's ``field``, whose new value is ``decay * old +
-    scale * g**2`` (not negative as its maths leaves it), times ``growth`` below the
-    float32 maximum: read from its largest element and the input's sum of squares."""
-    import tensorflow as tf
+    scale * g**2`` (``new_mean_square``), times ``growth`` below the float32 maximum."""
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
               ) -> list[Any] | None:
         required = rate(inputs, read_state, variables)
         if required is None:  # sparse or float16 inputs: checked
             return None
-        largest = [tf.cast(largest_element(v), tf.float64)
-                   for g, v in zip(inputs, getattr(read_state(), field)) if g is not None]
-        if not largest:
-            return required
-        # in float64, compared with float32's maximum: NaN/Inf fail too
-        squared = tf.cast(squared_bound(inputs), tf.float64)
-        new = decay * tf.reduce_max(tf.stack(largest)) + scale * squared
-        return [*required, new * growth < FLOAT32_BOUND]
+        found = new_mean_square(inputs, getattr(read_state(), field), decay, scale)
+        return required if found is None else [*required, found[1] * growth < FLOAT32_BOUND]
 
     return prove
 
