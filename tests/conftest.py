@@ -182,6 +182,25 @@ PROOF_PATHS = {"plain": [],  # one conditional over the whole step, not compiled
                "whole": [{"kind": "clip_by_global_norm", "clip_norm": 1e30}]}
 
 
+def bounded_step(kind: str, jit: bool):
+    """A pipeline of transform ``kind`` on a variable of 3, its variables and its traced
+    step of that variable's gradient. The plain path bounds a step of 2**20 elements
+    or more (a smaller one is checked, which costs no more there): without ``jit``, a
+    variable of zeros, whose gradient is 0, makes it one."""
+    import numpy as np
+    import tensorflow as tf
+
+    import gradpipe
+
+    var = tf.Variable(np.zeros(3, "f4"))
+    padding = [] if jit else [tf.Variable(tf.zeros(1 << 20))]
+    pipe = gradpipe.build({"transforms": [{"kind": kind}], "pipeline": {"jit_compile": jit}})
+    pipe.build([var, *padding])
+    step = tf.function(lambda g: pipe.apply_gradients(
+        [(g, var), *[(tf.zeros_like(p), p) for p in padding]]))
+    return pipe, [var, *padding], step
+
+
 def checked_copy(kind: str) -> str:
     """Register a built-in transform's very maths under a third party (once), and
     return its name: the engine checks that copy's outputs instead of proving them,

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import gradpipe
-from conftest import checked_copy, register_transform
+from conftest import bounded_step, checked_copy, register_transform
 from gradpipe.plugin import Capabilities, Transform, hyper, hyperparameter, zeros_like_vars
 
 # Each: (the update and new state in TF, the same in float32 numpy); state ``m`` per
@@ -72,17 +72,7 @@ def _transform(name):
 def _bounded_step(name: str, jit: bool):
     """A pipeline of MATHS[name] on a variable of 3, and its traced step: built once
     for all examples (each sets the state and weights it starts from)."""
-    kind = _transform(name)
-    var = tf.Variable(np.zeros(3, "f4"))
-    # the plain path bounds a step of 2**20 elements or more (a smaller one is checked,
-    # which costs no more there): a variable of zeros, whose gradient is 0, makes it one
-    padding = [] if jit else [tf.Variable(tf.zeros(1 << 20))]
-    pipe = gradpipe.build({"transforms": [{"kind": kind}],
-                           "pipeline": {"jit_compile": jit}})
-    pipe.build([var, *padding])
-    step = tf.function(lambda g: pipe.apply_gradients(
-        [(g, var), *[(tf.zeros_like(p), p) for p in padding]]))
-    return pipe, [var, *padding], step
+    return bounded_step(_transform(name), jit)
 
 
 ELEMENTS = st.sampled_from([0.0, 1e-30, 1.0, -3.0, 60.0, 1e10, 1e19, -1e19, -2e19, 1e38,

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import gradpipe
-from conftest import checked_copy, register_transform
+from conftest import bounded_step, checked_copy, register_transform
 from gradpipe.plugin import Capabilities, Transform
 
 
@@ -60,16 +60,7 @@ def _step(jit: bool):
     """The rule on a variable of 3 and its traced step, built once for all examples."""
     register_transform("reads_moments", lambda cfg: Transform(_moments, _update),
                        capabilities=Capabilities(update_rule=True))
-    var = tf.Variable(np.zeros(3, "f4"))
-    # the plain path bounds a step of 2**20 elements or more: a variable of zeros,
-    # whose gradient is 0, makes it one
-    padding = [] if jit else [tf.Variable(tf.zeros(1 << 20))]
-    pipe = gradpipe.build({"transforms": [{"kind": "reads_moments"}],
-                           "pipeline": {"jit_compile": jit}})
-    pipe.build([var, *padding])
-    step = tf.function(lambda g: pipe.apply_gradients(
-        [(g, var), *[(tf.zeros_like(p), p) for p in padding]]))
-    return pipe, [var, *padding], step
+    return bounded_step("reads_moments", jit)
 
 
 ELEMENTS = st.sampled_from([0.0, 1e-30, 1.0, -3.0, 60.0, 1e10, 1e19, -2e19, 1e38, -3e38])
