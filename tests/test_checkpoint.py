@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 
 import keras
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import forked
 import gradpipe
 from conftest import ROOT, gradpipe_command
 from gradpipe import GradpipeError
@@ -21,8 +21,8 @@ TOTAL = 24
 
 
 def train_once(ckpt_dir, kill_at, out):
-    return subprocess.run([sys.executable, WORKER, str(ckpt_dir), str(TOTAL), str(kill_at),
-                           str(out)], capture_output=True, text=True, timeout=300)
+    return forked.run([sys.executable, WORKER, str(ckpt_dir), str(TOTAL), str(kill_at),
+                       str(out)], capture_output=True, text=True, timeout=300)
 
 
 # Kill points: just after a checkpoint (every 3 steps), one step after and two steps

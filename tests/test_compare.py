@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import forked
 from conftest import ROOT, gradpipe_command
 
 EXAMPLES = ROOT / "examples"
@@ -159,9 +160,9 @@ def test_digits_without_scikit_learn_is_a_clear_error(tmp_path):
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('blocked for the test')\n")
     result = subprocess.run(
-        [sys.executable, "-m", "gradpipe.cli", "run", str(EXAMPLES / "quickstart.toml"),
-         "--problem", "digits", "--steps", "5"], capture_output=True, text=True,
-        timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+            [sys.executable, "-m", "gradpipe.cli", "run", str(EXAMPLES / "quickstart.toml"),
+             "--problem", "digits", "--steps", "5"], capture_output=True, text=True,
+            timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
     assert result.returncode == 1
     assert ("problem 'digits' needs scikit-learn, which is not installed: "
             "pip install 'gradpipe[digits]'") in result.stderr
@@ -271,7 +272,7 @@ def test_a_comparison_on_a_terminal_shows_the_progress_of_all_runs(tmp_path):
 
     main, child = pty.openpty()
     fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))
-    process = subprocess.Popen(
+    process = forked.Popen(
         [sys.executable, "-m", "gradpipe.cli", "run", str(EXAMPLES / "quickstart.toml"),
          "--steps", "300", "--seeds", "2"], stdout=subprocess.DEVNULL, stderr=child)
     os.close(child)

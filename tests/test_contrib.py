@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 
 import pytest
+
+import forked
 
 
 @pytest.mark.slow
@@ -30,11 +31,11 @@ def test_agc_pipeline_from_toml(tmp_path):
         kind = "adam"
         learning_rate = 0.05
     """))
-    result = subprocess.run([sys.executable, "-m", "gradpipe.cli", "run", str(toml),
-                             "--json", "--steps", "300"], capture_output=True, text=True,
-                            timeout=300)
+    result = forked.run([sys.executable, "-m", "gradpipe.cli", "run", str(toml),
+                         "--json", "--steps", "300"], capture_output=True, text=True,
+                        timeout=300)
     assert result.returncode == 0, result.stderr
     assert '"target_reached": true' in result.stdout
-    check = subprocess.run([sys.executable, "-m", "gradpipe.cli", "check", str(toml)],
-                           capture_output=True, text=True)
+    check = forked.run([sys.executable, "-m", "gradpipe.cli", "check", str(toml)],
+                       capture_output=True, text=True)
     assert 'gradpipe-agc = "0.1.0"' in check.stdout  # recorded in [lock]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import forked
 import gradpipe
 from conftest import ROOT, assert_close, free_ports
 from gradpipe import ConfigError, PlacementError
@@ -231,10 +232,10 @@ def test_multi_worker_two_processes(tmp_path, lazy):
     for index in range(2):
         env = {**os.environ, "TF_CONFIG": json.dumps(
             {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})}
-        procs.append(subprocess.Popen([sys.executable, script, *flags,
-                                       str(tmp_path / f"{index}.json")],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
+        procs.append(forked.Popen([sys.executable, script, *flags,
+                                   str(tmp_path / f"{index}.json")],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))
     try:
         outputs = [p.communicate(timeout=240) for p in procs]
     finally:
@@ -243,8 +244,8 @@ def test_multi_worker_two_processes(tmp_path, lazy):
                 p.kill()
     for p, (_, err) in zip(procs, outputs):
         assert p.returncode == 0, err[-3000:]
-    single = subprocess.run([sys.executable, script, "--single", str(tmp_path / "single.json")],
-                            capture_output=True, text=True, timeout=240)
+    single = forked.run([sys.executable, script, "--single", str(tmp_path / "single.json")],
+                        capture_output=True, text=True, timeout=240)
     assert single.returncode == 0, single.stderr[-3000:]
     results = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
     reference = json.loads((tmp_path / "single.json").read_text())
@@ -268,12 +269,12 @@ def test_cli_run_with_mirrored_placement(write_toml):
         kind = "adam"
         learning_rate = 0.05
     """)
-    result = subprocess.run([sys.executable, "-m", "gradpipe.cli", "run", str(path), "--json"],
-                            capture_output=True, text=True, timeout=300)
+    result = forked.run([sys.executable, "-m", "gradpipe.cli", "run", str(path), "--json"],
+                        capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["replicas"] == 2 and summary["target_reached"] is True
-    override = subprocess.run([sys.executable, "-m", "gradpipe.cli", "run", str(path), "--json",
-                               "--placement", "cpu", "--steps", "20"],
-                              capture_output=True, text=True, timeout=300)
+    override = forked.run([sys.executable, "-m", "gradpipe.cli", "run", str(path), "--json",
+                           "--placement", "cpu", "--steps", "20"],
+                          capture_output=True, text=True, timeout=300)
     assert json.loads(override.stdout)["placement"] == "cpu:0"

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import forked
 from conftest import ROOT
 from gradpipe import hookspecs
 from gradpipe.cli import _parser
@@ -26,9 +27,9 @@ def test_every_python_block_of_the_docs_runs(tmp_path):
     pages = [p for p in pages if "```python" in p.read_text()]
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     shutil.copy(ROOT / "examples" / "quickstart.toml", tmp_path / "pipe.toml")
-    result = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "doc_blocks.py"),
-                             str(tmp_path / "out.json"), *map(str, pages)], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=600)
+    result = forked.run([sys.executable, str(ROOT / "tests" / "workers" / "doc_blocks.py"),
+                         str(tmp_path / "out.json"), *map(str, pages)], cwd=tmp_path,
+                        capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     failed = {page: error for page, error in json.loads(
         (tmp_path / "out.json").read_text()).items() if error}
@@ -37,16 +38,16 @@ def test_every_python_block_of_the_docs_runs(tmp_path):
 
 
 def test_mkdocs_builds_strict(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
-                             "-d", str(tmp_path / "site")], cwd=ROOT, capture_output=True,
-                            text=True)
+    result = forked.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
+                         "-d", str(tmp_path / "site")], cwd=ROOT, capture_output=True,
+                        text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.slow
 def test_component_reference_is_generated_from_code():
-    result = subprocess.run([sys.executable, "docs/gen_reference.py", "--check"], cwd=ROOT,
-                            capture_output=True, text=True)
+    result = forked.run([sys.executable, "docs/gen_reference.py", "--check"], cwd=ROOT,
+                        capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
@@ -294,8 +295,8 @@ def test_run_help_gives_each_problems_own_default_steps():
 def test_getting_started_comparison_is_what_the_command_prints():
     """The comparison table in getting-started.md is rerun here and must match in
     every column but steps/s; docs/gen_comparison.py rewrites it and the picture."""
-    result = subprocess.run([sys.executable, str(ROOT / "docs" / "gen_comparison.py"),
-                             "--check"], capture_output=True, text=True, timeout=600)
+    result = forked.run([sys.executable, str(ROOT / "docs" / "gen_comparison.py"),
+                         "--check"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (ROOT / "docs" / "img" / "compare_digits.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -321,8 +322,8 @@ def test_the_comparison_check_allows_the_seeds_spread_and_nothing_else():
 def test_coming_from_keras_page_is_generated_from_the_registry_and_from_keras():
     """Every Keras optimizer, schedule and optimizer argument, mapped by running the
     registry and gradpipe.from_keras; docs/gen_keras_page.py rewrites the page."""
-    result = subprocess.run([sys.executable, str(ROOT / "docs" / "gen_keras_page.py"),
-                             "--check"], capture_output=True, text=True, timeout=600)
+    result = forked.run([sys.executable, str(ROOT / "docs" / "gen_keras_page.py"),
+                         "--check"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     page = (ROOT / "docs" / "coming-from-keras.md").read_text()
     for argument in ("clipnorm", "global_clipnorm", "use_ema", "gradient_accumulation_steps",
@@ -333,8 +334,8 @@ def test_coming_from_keras_page_is_generated_from_the_registry_and_from_keras():
 def test_coming_from_tf_addons_page_is_generated_from_the_registry():
     """Every optimizer, wrapper and schedule TF Addons exported is on the page, whose
     gradpipe keys and defaults docs/gen_tfa_page.py reads from the registry."""
-    result = subprocess.run([sys.executable, str(ROOT / "docs" / "gen_tfa_page.py"),
-                             "--check"], capture_output=True, text=True, timeout=600)
+    result = forked.run([sys.executable, str(ROOT / "docs" / "gen_tfa_page.py"),
+                         "--check"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     page = (ROOT / "docs" / "coming-from-tf-addons.md").read_text()
     # tfa.optimizers.__all__ of TF Addons 0.23, its last release, less its base classes

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import forked
 import gradpipe
 from conftest import assert_close
 from gradpipe import GradpipeError
@@ -122,7 +123,6 @@ def test_save_load_and_continue_identically(tmp_path):
 def test_a_new_process_loads_the_model_after_importing_gradpipe_keras(tmp_path):
     """Keras resolves gradpipe>PipelineOptimizer only once it is registered: a script
     that only loads imports gradpipe.keras first, and training continues exactly."""
-    import subprocess
     import sys
 
     m = fit(model(), gradpipe.build(CLIP_ADAM).keras_optimizer())
@@ -139,8 +139,8 @@ m.fit(np.load({str(tmp_path / "x.npy")!r}), np.load({str(tmp_path / "y.npy")!r})
       batch_size=32, epochs=1, verbose=0, shuffle=False)
 np.savez({str(tmp_path / "w.npz")!r}, *m.get_weights())
 """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=300)
+    result = forked.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = np.load(tmp_path / "w.npz")
     assert_close([loaded[f"arr_{i}"] for i in range(len(loaded.files))], weights(m),

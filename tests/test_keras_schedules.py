@@ -16,6 +16,7 @@ import tensorflow as tf
 import tomli_w
 import tomllib
 
+import forked
 import gradpipe
 from gradpipe import ConfigError
 
@@ -259,14 +260,13 @@ def test_an_invalid_name_fails_keras_in_graph_too():
     """Why ``name`` is checked: Keras opens tf.name_scope(name) in every call. In a
     subprocess: the failing call leaves Keras's name scope open, and every Keras
     variable made after it in this process would be named under it."""
-    import subprocess
     import sys
 
     code = ("import keras, tensorflow as tf\n"
             "s = keras.optimizers.schedules.CosineDecay(0.1, 5, name='my cosine')\n"
             "tf.function(s)(tf.constant(1, tf.int64))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=300)
+    result = forked.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=300)
     assert result.returncode != 0
     assert "not a valid root scope name" in result.stderr
 

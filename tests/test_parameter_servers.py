@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+import forked
 import gradpipe
 from conftest import ROOT, free_ports
 from gradpipe import ConfigError, PlacementError
@@ -22,8 +23,8 @@ SHARDS = {"model/embedding/embeddings": 2, "model/dense/kernel": 1, "model/dense
 
 
 def scenario(*args: str) -> dict:
-    result = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
-                            timeout=300)
+    result = forked.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
+                        timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -106,9 +107,9 @@ def test_servers_in_their_own_processes():
     """A worker and two servers started with `gradpipe serve`, the coordinator apart."""
     worker, *ps = [f"localhost:{p}" for p in free_ports(3)]
     cluster = ["--workers", worker, "--ps", *ps]
-    servers = [subprocess.Popen([sys.executable, "-m", "gradpipe.cli", "serve", "--job", job,
-                                 "--index", str(i), *cluster],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    servers = [forked.Popen([sys.executable, "-m", "gradpipe.cli", "serve", "--job", job,
+                             "--index", str(i), *cluster],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
                for job, i in (("worker", 0), ("ps", 0), ("ps", 1))]
     try:
         out = scenario("train", "--lazy", "--workers", worker, "--ps", *ps)
@@ -128,8 +129,8 @@ def test_servers_in_their_own_processes():
 ])
 def test_serve_needs_a_task_and_the_cluster(args, message):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    result = subprocess.run([sys.executable, "-m", "gradpipe.cli", "serve", *args], env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = forked.run([sys.executable, "-m", "gradpipe.cli", "serve", *args], env=env,
+                        capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert message in result.stderr
 
@@ -140,18 +141,18 @@ def test_the_two_terminal_example(tmp_path):
     other; trained again, it resumes from its checkpoint. `gradpipe run` refuses the
     placement: a cluster needs the user's coordinator program."""
     example = ROOT / "examples" / "parameter_server"
-    server = subprocess.Popen([sys.executable, "-m", "gradpipe.cli", "serve",
-                               str(example / "pipeline.toml")], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+    server = forked.Popen([sys.executable, "-m", "gradpipe.cli", "serve",
+                           str(example / "pipeline.toml")], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True)
     try:
         lines = [server.stdout.readline().strip() for _ in range(5)]
         train = [sys.executable, str(example / "train.py"), "400", str(tmp_path)]
-        first = subprocess.run(train, capture_output=True, text=True, timeout=300)
+        first = forked.run(train, capture_output=True, text=True, timeout=300)
         train[2] = "600"
-        again = subprocess.run(train, capture_output=True, text=True, timeout=300)
-        refused = subprocess.run([sys.executable, "-m", "gradpipe.cli", "run",
-                                  str(example / "pipeline.toml"), "--problem", "quadratic"],
-                                 capture_output=True, text=True, timeout=300)
+        again = forked.run(train, capture_output=True, text=True, timeout=300)
+        refused = forked.run([sys.executable, "-m", "gradpipe.cli", "run",
+                              str(example / "pipeline.toml"), "--problem", "quadratic"],
+                             capture_output=True, text=True, timeout=300)
     finally:
         server.kill()
     assert lines == ["serving worker 0 at localhost:12310", "serving worker 1 at "
@@ -219,19 +220,19 @@ class Cluster:
                         for i in range(n)}
 
     def serve(self, job: str, index: int) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "gradpipe.cli", "serve", "--job", job,
-                                 "--index", str(index), *self.flags],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return forked.Popen([sys.executable, "-m", "gradpipe.cli", "serve", "--job", job,
+                             "--index", str(index), *self.flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def kill(self, job: str, index: int) -> None:
         self.servers[job, index].kill()
         self.servers[job, index].wait()
 
     def coordinator(self, directory: str, *flags: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, SCRIPT, "resume", "--steps", "200",
-                                 "--every", "20", "--directory", directory, *flags,
-                                 *self.flags],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return forked.Popen([sys.executable, SCRIPT, "resume", "--steps", "200",
+                             "--every", "20", "--directory", directory, *flags,
+                             *self.flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def close(self) -> None:
         for server in self.servers.values():
@@ -291,9 +292,9 @@ def test_a_killed_server_is_survived_from_the_last_checkpoint(tmp_path):
 def test_tf_keras_fit_equals_legacy_adam_on_the_same_cluster():
     """tf-keras's model.fit under ParameterServerStrategy with pipe.keras_optimizer():
     20 steps equal tf-keras's legacy Adam (the route Keras recommends) within 1e-5."""
-    result = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" /
-                                                 "ps_tf_keras_fit.py")],
-                            capture_output=True, text=True, timeout=300)
+    result = forked.run([sys.executable, str(ROOT / "tests" / "workers" /
+                                             "ps_tf_keras_fit.py")],
+                        capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["variables"][:2] == ["embedding/embeddings/part_0:0",

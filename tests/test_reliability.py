@@ -14,6 +14,7 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import forked
 import gradpipe
 from conftest import ROOT, checked_copy, register_transform
 from gradpipe import ConfigError, GradpipeError, PluginError
@@ -338,8 +339,8 @@ def test_sigkill_during_checkpoint_write_never_leaves_a_wrong_checkpoint(tmp_pat
     script = str(ROOT / "tests" / "workers" / "checkpoint_writer.py")
     for attempt, delay in enumerate((0.0, 0.15, 0.35)):
         directory = tmp_path / f"run{attempt}"
-        proc = subprocess.Popen([sys.executable, script, str(directory)],
-                                stdout=subprocess.PIPE, text=True)
+        proc = forked.Popen([sys.executable, script, str(directory)],
+                            stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout.readline().strip() == "1"  # one complete save first
             time.sleep(delay)
