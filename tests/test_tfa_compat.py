@@ -32,8 +32,8 @@ Where gradpipe does not do what TFA did, a test here pins gradpipe's behaviour a
 its comment gives TFA's numbers: a sparse gradient decays every row (TFA: only the
 rows it touches, which ``lazy = true`` gives after a lazy rule), ``variables`` and
 ``exclude`` intersect (TFA's ``decay_var_list`` overrides
-``exclude_from_weight_decay``), two rules that select one variable are applied in
-turn (TFA's ``MultiOptimizer`` adds both steps), and a variable that no rule
+``exclude_from_weight_decay``), two rules that select one variable by pattern are an
+error (TFA's ``MultiOptimizer`` adds both steps), and a variable that no rule
 selects must be listed in ``[pipeline] freeze``.
 """
 
@@ -50,6 +50,7 @@ import tomllib
 
 import gradpipe
 from conftest import ROOT, assert_close
+from gradpipe import ConfigError
 
 WEIGHT_DECAY = 0.01
 DTYPES = [tf.float16, tf.float32, tf.float64]
@@ -580,19 +581,38 @@ def test_tfa_list_of_layers():
     assert_close(model.get_weights(), reference.get_weights(), rtol=1e-5, atol=1e-6)
 
 
-def test_tfa_model_overlapping_groups_have_no_equivalent():
+def test_tfa_model_overlapping_groups_are_an_error_naming_both_rules():
     """TFA's test_model gives Adam the whole model and SGD the last layer as well, and
     MultiOptimizer applies both steps to that layer: from 1.0 with gradient 0.5, Adam's
-    first step (-1e-3) plus SGD's (-0.01 * 0.5) gives 0.994. A pipeline applies the
-    rules in turn: the second rule's input is the first one's step, so `sgd` after
-    `adam` moves it by 0.01 * 1e-3, to 0.99999. gradpipe has no sum of two rules; give
-    each variable one rule."""
+    first step (-1e-3) plus SGD's (-0.01 * 0.5) gives 0.994. A pipeline has no sum of
+    two rules: they would apply in turn (SGD's input Adam's step, 0.99999), which is
+    what a pattern that also matches another group's layer silently gives. So a
+    variable two update rules select, one of them by pattern, is an error naming the
+    variable, both rules and their patterns; a chain over every variable is not."""
+    variables = [tf.Variable([1.0], name="body"), tf.Variable([1.0], name="last")]
     pipe = gradpipe.build({"transforms": [
         {"kind": "adam"}, {"kind": "sgd", "learning_rate": 0.01, "variables": ["last"]}]})
-    body, last = tf.Variable([1.0], name="body"), tf.Variable([1.0], name="last")
-    pipe.apply_gradients([(tf.constant([0.5]), body), (tf.constant([0.5]), last)])
-    assert body.numpy()[0] == pytest.approx(1.0 - 1e-3, rel=1e-6)
-    assert last.numpy()[0] == pytest.approx(1.0 - 1e-5, rel=1e-7)
+    with pytest.raises(ConfigError, match=re.escape(
+            'transforms[1].variables: last is selected by two update rules, adam at '
+            'transforms[0] and sgd at transforms[1] (variables = ["last"]): the second '
+            "would take the first one's step as its gradient. Give each variable one rule")):
+        pipe.build(variables)
+    assert [v.numpy()[0] for v in variables] == [1.0, 1.0]
+    # the natural port of two layers' groups: "dense" also matches dense_1
+    dense = [tf.Variable([1.0], name="dense/kernel"), tf.Variable([1.0], name="dense_1/kernel")]
+    with pytest.raises(ConfigError, match=re.escape(
+            'transforms[0].variables: dense_1/kernel is selected by two update rules, adam '
+            'at transforms[0] (variables = ["dense"]) and sgd at transforms[1] (variables = '
+            '["dense_1"])')):
+        gradpipe.build({"transforms": [{"kind": "adam", "variables": ["dense"]},
+                                       {"kind": "sgd", "variables": ["dense_1"]}]}
+                       ).build(dense)
+    for chain in ([{"kind": "adam", "variables": ["dense/"]},
+                   {"kind": "sgd", "variables": ["dense_1"]}],  # narrowed: one rule each
+                  [{"kind": "adam"}, {"kind": "sgd", "learning_rate": 0.5}]):  # on purpose
+        pipe = gradpipe.build({"transforms": chain})
+        pipe.apply_gradients([(tf.constant([0.5]), v) for v in dense])
+    assert dense[0].numpy()[0] == pytest.approx(1.0 - 1e-3 - 0.5 * 1e-3, rel=1e-6)
 
 
 def test_tfa_subclass_model():

@@ -80,7 +80,48 @@ def frozen_variables(spec: PipelineSpec, paths: list[str], masks: list[list[bool
     if left_out:
         raise ConfigError([_left_out_problem(spec, [t for t, _ in rules],
                                              [paths[j] for j in left_out])])
+    overlaps = _overlaps(spec, rules, paths)
+    if overlaps:
+        raise ConfigError(overlaps)
     return frozen
+
+
+def _overlaps(spec: PipelineSpec, rules: list[tuple[ComponentSpec, list[bool]]],
+              paths: list[str]) -> list[Problem]:
+    """Variables that two update rules select where one of them picks its variables by
+    pattern: the rules would apply in turn (the second one's input is the first one's
+    step), which is almost always a pattern that also matches another group's layer
+    (``"dense"`` matches ``dense_1``). A chain of rules over every variable, none of
+    them selecting, is a chain on purpose."""
+    problems = []
+    for a, (first, first_mask) in enumerate(rules):
+        for second, second_mask in rules[a + 1:]:
+            if not (_selecting(first) or _selecting(second)):
+                continue
+            both = [p for p, x, y in zip(paths, first_mask, second_mask) if x and y]
+            if both:
+                shown = ", ".join(both[:4]) + (f" and {len(both) - 4} more"
+                                               if len(both) > 4 else "")
+                named = first if _selecting(first) else second
+                key = "variables" if named.extra.get("variables") else "exclude"
+                problems.append(spec.problem_at(
+                    f"{named.path}.{key}",
+                    f"{shown} {'are' if len(both) > 1 else 'is'} selected by two update "
+                    f"rules, {_described(first)} and {_described(second)}: the second "
+                    "would take the first one's step as its gradient. Give each variable "
+                    "one rule: narrow the patterns (a pattern is searched in the path, so "
+                    '"dense/" matches dense/kernel but not dense_1/kernel)'))
+    return problems
+
+
+def _selecting(t: ComponentSpec) -> bool:
+    return bool(t.extra.get("variables") or t.extra.get("exclude"))
+
+
+def _described(t: ComponentSpec) -> str:
+    patterns = [f"{key} = {_toml_list(t.extra[key])}" for key in ("variables", "exclude")
+                if t.extra.get(key)]
+    return f"{t.name} at {t.path}" + (f" ({', '.join(patterns)})" if patterns else "")
 
 
 def _left_out_problem(spec: PipelineSpec, rules: list[ComponentSpec],
