@@ -47,7 +47,7 @@ from gradpipe.plugin import (
     variable_patterns,
     zeros_like_vars,
 )
-from gradpipe.plugins.weight_averaging import swapped_in
+from gradpipe.plugins.weight_averaging import pipeline_of, swapped_in
 
 NAME = "schedule_free_adamw"
 
@@ -171,10 +171,11 @@ def _slots(pipe: Any, which: int | str) -> tuple[list[Any], list[Any], Any]:
 def averaged_values(pipe: Any, which: int | str = NAME) -> list[Any]:
     """The averaged point ``x`` (the point schedule-free theory evaluates), one tensor
     per variable of ``pipe.model_variables``, in their dtypes. The variables keep
-    ``y``. ``which``: the transform's index or name in the pipeline."""
+    ``y``. ``which``: the transform's index or name in the pipeline. ``pipe``: the
+    pipeline, or the Keras optimizer that applies it (``model.optimizer``)."""
     import tensorflow as tf
 
-    variables, offsets, b1 = _slots(pipe, which)
+    variables, offsets, b1 = _slots(pipeline_of(pipe), which)
     values = []
     for var, offset in zip(variables, offsets):
         if offset.shape != var.shape:  # a variable the rule does not select: no slot
@@ -193,8 +194,8 @@ def averaged_weights(pipe: Any, which: int | str = NAME
 
     The equivalent of the reference implementation's ``optimizer.eval()`` then
     ``optimizer.train()``: evaluate or save inside the block, train outside it.
-    Training steps inside the block would start from ``x``, not ``y``: don't."""
-    return swapped_in(pipe.model_variables, averaged_values(pipe, which))
+    A training step inside the block is an error once ``y`` is back."""
+    return swapped_in(pipeline_of(pipe), averaged_values(pipe, which))
 
 
 @hookimpl

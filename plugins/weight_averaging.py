@@ -224,9 +224,11 @@ def averaged_values(pipe: Any, which: int | str | None = None) -> list[Any]:
     """The average of each of ``pipe.model_variables``, in its dtype (a variable
     the averaging transform does not select: its own value). ``which``: the
     ``moving_average`` or ``swa`` transform, by index or name, if not the only
-    one."""
+    one. ``pipe``: the pipeline, or the Keras optimizer that applies it
+    (``model.optimizer``)."""
     import tensorflow as tf
 
+    pipe = pipeline_of(pipe)
     index = _averaging_transform(pipe, which)
     slots = pipe.transform_state(index)
     first = getattr(pipe.spec.transforms[index].config, "start_averaging", 0)
@@ -245,12 +247,22 @@ def averaged_values(pipe: Any, which: int | str | None = None) -> list[Any]:
     return values
 
 
+def pipeline_of(pipe: Any) -> Any:
+    """The pipeline: ``pipe`` itself, or the one a gradpipe Keras optimizer applies
+    (``model.optimizer``, after ``load_model`` too)."""
+    return getattr(pipe, "pipeline", pipe)
+
+
 @contextlib.contextmanager
-def swapped_in(variables: list[Any], values: list[Any]) -> Iterator[list[Any]]:
-    """``values`` in ``variables`` inside the block, their own values again after it."""
+def swapped_in(pipe: Any, values: list[Any]) -> Iterator[list[Any]]:
+    """``values`` in ``pipe.model_variables`` inside the block, their own values again
+    after it. A step applied inside the block trains the values swapped in, and
+    putting the weights back undoes it: an error, once the weights are back."""
     import tensorflow as tf
 
+    variables = pipe.model_variables
     kept = [tf.identity(v) for v in variables]
+    before = int(pipe.iterations.numpy())
     for var, value in zip(variables, values):
         var.assign(value)
     try:
@@ -258,19 +270,26 @@ def swapped_in(variables: list[Any], values: list[Any]) -> Iterator[list[Any]]:
     finally:
         for var, value in zip(variables, kept):
             var.assign(value)
+    steps = int(pipe.iterations.numpy()) - before
+    if steps:
+        raise GradpipeError(
+            f"{steps} step{'s' * (steps > 1)} applied inside averaged_weights() trained "
+            "the weights swapped in, and the block's end put the trained weights back, "
+            "undoing the step's change of them (the rules' state kept it): train outside "
+            "the block; evaluate or save inside it")
 
 
 def averaged_weights(pipe: Any, which: int | str | None = None
                      ) -> contextlib.AbstractContextManager[list[Any]]:
     """Put the averages into the model's variables; put the trained weights back
     when the block ends. Evaluate or save inside it; train outside it."""
-    return swapped_in(pipe.model_variables, averaged_values(pipe, which))
+    return swapped_in(pipeline_of(pipe), averaged_values(pipe, which))
 
 
 def assign_averaged_weights(pipe: Any, which: int | str | None = None) -> None:
     """Replace the model's weights by their averages for good (TF Addons'
     ``assign_average_vars``), as after the last step of training."""
-    for var, value in zip(pipe.model_variables, averaged_values(pipe, which)):
+    for var, value in zip(pipeline_of(pipe).model_variables, averaged_values(pipe, which)):
         var.assign(value)
 
 

@@ -278,3 +278,33 @@ def test_swap_under_mirrored_strategy():
             np.testing.assert_allclose(copy, [0.9, 1.9], rtol=1e-6)
     for copy in copies():
         np.testing.assert_allclose(copy, [0.8, 1.8], rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["swa", "schedule_free_adamw"])
+def test_a_step_inside_the_swapped_block_is_an_error_and_the_keras_optimizer_is_accepted(
+        kind):
+    """A step applied while the averages are swapped in trains them, and the block's
+    end puts the trained weights back: an error after the weights are back. The
+    helpers take the Keras optimizer (``model.optimizer``) as well as the pipeline."""
+    from gradpipe.plugins import schedule_free_adamw
+
+    if kind == "swa":
+        pipe = build({"kind": "sgd", "learning_rate": 0.5}, {"kind": "swa"})
+        values, swapped = averaged_values, averaged_weights
+    else:
+        pipe = gradpipe.build({"transforms": [{"kind": kind, "learning_rate": 0.5}]})
+        values, swapped = schedule_free_adamw.averaged_values, \
+            schedule_free_adamw.averaged_weights
+    var = tf.Variable([1.0, 2.0])
+    for _ in range(2):  # two members: the average is not the weights
+        pipe.apply_gradients([(tf.constant([0.2, -0.4]), var)])
+    trained = var.numpy()
+    optimizer = pipe.keras_optimizer()
+    np.testing.assert_array_equal(values(optimizer)[0].numpy(), values(pipe)[0].numpy())
+    with swapped(optimizer):  # evaluating inside: no error
+        inside = var.numpy()
+    assert not np.array_equal(inside, trained)
+    error = r"^1 step applied inside averaged_weights\(\) trained the weights.*train outside"
+    with pytest.raises(GradpipeError, match=error), swapped(pipe):
+        pipe.apply_gradients([(tf.constant([0.2, -0.4]), var)])
+    np.testing.assert_array_equal(var.numpy(), trained)
