@@ -13,7 +13,8 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise GradpipeError("--plot needs matplotlib: pip install 'gradpipe[plot]'") from None
+        raise GradpipeError("the plots (--plot, and the one --output DIR writes) need "
+                            "matplotlib: pip install 'gradpipe[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

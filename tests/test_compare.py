@@ -169,6 +169,23 @@ def test_digits_without_scikit_learn_is_a_clear_error(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_an_output_folder_without_matplotlib_names_the_option_that_needs_it(tmp_path):
+    """--output DIR writes a plot: without matplotlib the error says so, not "--plot"
+    (which was not given), before any step, and leaves no folder."""
+    blocker = tmp_path / "matplotlib"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('blocked for the test')\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gradpipe.cli", "run", str(EXAMPLES / "quickstart.toml"),
+         "--seeds", "2", "--steps", "5", "--output", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=600,
+        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 1, result.stderr
+    assert ("the plots (--plot, and the one --output DIR writes) need matplotlib: "
+            "pip install 'gradpipe[plot]'") in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_outputs_are_checked_before_the_first_step_and_never_replace_other_files(tmp_path):
     quickstart = EXAMPLES / "quickstart.toml"
