@@ -61,17 +61,18 @@ def _forkable(args: list[str], env: dict[str, str] | None) -> bool:
     return all(env.get(key) == os.environ.get(key) for key in READ_AT_IMPORT)
 
 
-def _fd(target: Any, default: int, pipes: list[int]) -> tuple[int, int | None]:
-    """The descriptor to give the child, and the parent's end of a pipe if one."""
+def _fd(target: Any, default: int, to_close: list[int]) -> tuple[int, int | None]:
+    """The descriptor to give the child, and the parent's end of a pipe if one;
+    ``to_close`` gets what this process opened for the child alone."""
     if target is None:
         return default, None
     if target == subprocess.PIPE:
         read, write = os.pipe()
-        pipes.append(write)
+        to_close.append(write)
         return write, read
     if target == subprocess.DEVNULL:
         fd = os.open(os.devnull, os.O_RDWR)
-        pipes.append(fd)
+        to_close.append(fd)
         return fd, None
     return (target if isinstance(target, int) else target.fileno()), None
 

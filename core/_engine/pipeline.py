@@ -31,7 +31,7 @@ from .packed import elementwise_mismatch
 from .plan import Choice, Plan, make_plan
 from .proof_table import proof_for
 from .rows import describe_rows
-from .selection import frozen_variables, transform_masks
+from .selection import check_one_rule_each, frozen_variables, transform_masks
 from .shards import expand, servers_choice
 from .state import Counters, StateStore
 from .step import Step
@@ -231,6 +231,7 @@ class Pipeline(tf.Module):
         variables, paths = shards.variables, shards.paths
         masks = transform_masks(self._spec, paths)
         frozen = frozen_variables(self._spec, paths, masks)
+        check_one_rule_each(self._spec, paths, masks)
         servers = servers_choice(shards, strategy=self.strategy, spec=self._spec,
                                  transforms=self._transforms, masks=masks,
                                  context=self._context)

@@ -8,6 +8,8 @@ some variable. A trainable variable that no update rule selects would never
 change; that is an error unless ``[pipeline] freeze`` lists it, because the
 usual cause is a pattern meant for something narrower (``exclude = ["bias"]``
 on ``adamw``, meant to spare biases the weight decay).
+A variable that two update rules select, one of them by pattern, is an error
+too: the second would take the first one's step as its gradient.
 
 Pure Python: no TensorFlow.
 """
@@ -80,19 +82,18 @@ def frozen_variables(spec: PipelineSpec, paths: list[str], masks: list[list[bool
     if left_out:
         raise ConfigError([_left_out_problem(spec, [t for t, _ in rules],
                                              [paths[j] for j in left_out])])
-    overlaps = _overlaps(spec, rules, paths)
-    if overlaps:
-        raise ConfigError(overlaps)
     return frozen
 
 
-def _overlaps(spec: PipelineSpec, rules: list[tuple[ComponentSpec, list[bool]]],
-              paths: list[str]) -> list[Problem]:
-    """Variables that two update rules select where one of them picks its variables by
-    pattern: the rules would apply in turn (the second one's input is the first one's
-    step), which is almost always a pattern that also matches another group's layer
-    (``"dense"`` matches ``dense_1``). A chain of rules over every variable, none of
-    them selecting, is a chain on purpose."""
+def check_one_rule_each(spec: PipelineSpec, paths: list[str], masks: list[list[bool]]
+                        ) -> None:
+    """Raise ``ConfigError`` for variables that two update rules select where one of
+    them picks its variables by pattern: the rules would apply in turn (the second
+    one's input is the first one's step), which is almost always a pattern that also
+    matches another group's layer (``"dense"`` matches ``dense_1``). A chain of rules
+    over every variable, none of them selecting, is a chain on purpose."""
+    rules = [(t, mask) for t, mask in zip(spec.transforms, masks)
+             if t.capabilities.update_rule]
     problems = []
     for a, (first, first_mask) in enumerate(rules):
         for second, second_mask in rules[a + 1:]:
@@ -111,7 +112,8 @@ def _overlaps(spec: PipelineSpec, rules: list[tuple[ComponentSpec, list[bool]]],
                     "would take the first one's step as its gradient. Give each variable "
                     "one rule: narrow the patterns (a pattern is searched in the path, so "
                     '"dense/" matches dense/kernel but not dense_1/kernel)'))
-    return problems
+    if problems:
+        raise ConfigError(problems)
 
 
 def _selecting(t: ComponentSpec) -> bool:

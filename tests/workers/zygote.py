@@ -48,9 +48,8 @@ def _become(argv: list[str], env: dict[str, str], cwd: str) -> None:
 
 def _report(connection: socket.socket, pid: int) -> None:
     _, status = os.waitpid(pid, 0)
-    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    with connection:
-        connection.sendall(f"{code}\n".encode())
+    with connection:  # -N for signal N, as subprocess gives
+        connection.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
 
 
 def main() -> None:
