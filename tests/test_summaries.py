@@ -52,6 +52,31 @@ def test_event_files_hold_every_summary(tmp_path):
     assert all(0 < v <= 1 for _, v in found["clipping_factors/x"])
 
 
+def test_rules_per_variable_group_report_each_rate(tmp_path):
+    """Rules at different rates: ``pipe.learning_rates`` gives each by path, and
+    TensorBoard gets a curve per rule, not the first rule's rate for all."""
+    kernel, bias = tf.Variable([1.0, 2.0], name="kernel"), tf.Variable([1.0], name="bias")
+    pipe = gradpipe.build({
+        "pipeline": {"summaries": ["learning_rate"]},
+        "transforms": [{"kind": "sgd", "learning_rate": 0.5, "variables": ["kernel"]},
+                       {"kind": "adam", "exclude": ["kernel"], "learning_rate": {
+                           "kind": "linear", "start": 0.1, "end": 0.0, "steps": 4}}]})
+    pipe.build([kernel, bias])
+    step = tf.function(lambda: pipe.apply_gradients([(tf.ones(2), kernel), (tf.ones(1), bias)]))
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    with writer.as_default():
+        step()
+        step()
+    writer.flush()
+    rates = {path: float(rate) for path, rate in pipe.learning_rates.items()}
+    assert rates == pytest.approx({"transforms[0]": 0.5, "transforms[1]": 0.05})
+    assert float(pipe.learning_rate) == 0.5  # the first rule's, as documented
+    found = events(tmp_path)
+    assert "learning_rate" not in found
+    assert [v for _, v in found["learning_rate/transforms[0]"]] == [0.5, 0.5]
+    assert [v for _, v in found["learning_rate/transforms[1]"]] == pytest.approx([0.075, 0.05])
+
+
 def test_nothing_written_without_a_writer(tmp_path):
     var = tf.Variable([1.0])
     pipe = gradpipe.build({"transforms": [{"kind": "sgd"}]})

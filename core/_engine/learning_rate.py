@@ -26,7 +26,7 @@ import attrs
 from ..errors import GradpipeError
 from ..fields import is_constant
 from ..spec import ComponentSpec, PipelineSpec
-from ..transform import SettableRate
+from ..transform import SettableRate, hyper
 from .proof_table import provable
 
 
@@ -83,6 +83,13 @@ class LearningRate:
             with tf.control_dependencies(None):  # usable anywhere in the graph
                 self._reads[graph] = self.variable.read_value()
         return self._reads[graph]
+
+    def readers(self, built: list[tuple[ComponentSpec, SettableRate | None]]
+                ) -> dict[str, Any]:
+        """Each rule's rate as a callable, by path (call in the build scope): a
+        settable rate reads the variable, a schedule follows the step."""
+        rules = {t.path for t in self._rules}
+        return {t.path: hyper(t.config.learning_rate) for t, _ in built if t.path in rules}
 
     def create_variable(self, built: list[tuple[ComponentSpec, SettableRate | None]]) -> Any:
         """Create the variable once the rules are built (call it in the strategy's

@@ -22,7 +22,7 @@ from ..errors import GradpipeError
 from ..fields import ScheduleRef
 from ..registry import Registry, get_registry
 from ..spec import ComponentSpec, PipelineSpec
-from ..transform import BuildContext, build_scope, hyper
+from ..transform import BuildContext, build_scope
 from .compile_choice import compile_choices
 from .guard import how_bounded, maths_key
 from .layout import LayoutState
@@ -72,9 +72,7 @@ class Pipeline(tf.Module):
                 self._proofs = [proof_for(t) for t, _ in built]
                 self._kernel = self._build_kernel(built[-1][0])
                 self.criteria = [build_component(c, registry) for c in spec.convergence]
-                rules = [t for t, _ in built if t.capabilities.update_rule
-                         and hasattr(t.config, "learning_rate")]
-                self._first_rate = hyper(rules[0].config.learning_rate) if rules else None
+                self._rule_rates = self._rate.readers(built)
                 self._scheduled = scheduled_hyperparameters(spec)
         self._attach_loss_scaler()
         self._state = StateStore(spec)
@@ -128,17 +126,19 @@ class Pipeline(tf.Module):
 
     @property
     def learning_rate(self) -> tf.Tensor:
-        """The current learning rate of the first update rule (``nan`` if none has one).
-
-        Settable, as Keras's ``optimizer.learning_rate``, where the update rules
-        share one constant rate: ``pipe.learning_rate = 1e-4`` applies from the
-        next step on and is saved with the state. A scheduled rate is an error.
-        """
+        """The first update rule's current rate (``nan`` if none has one); each
+        rule's is in :attr:`learning_rates`. Settable, as Keras's, where the rules
+        share one constant rate: ``pipe.learning_rate = 1e-4`` applies from the next
+        step on and is saved with the state. A scheduled rate is an error."""
         if self._rate.variable is not None:
             return self._rate.variable.read_value()
-        if self._first_rate is None:
-            return tf.constant(float("nan"), tf.float32)
-        return self._first_rate()
+        first = next(iter(self._rule_rates.values()), None)
+        return tf.constant(float("nan"), tf.float32) if first is None else first()
+
+    @property
+    def learning_rates(self) -> dict[str, tf.Tensor]:
+        """Each update rule's current learning rate, by its path (``"transforms[1]"``)."""
+        return {path: rate() for path, rate in self._rule_rates.items()}
 
     @learning_rate.setter
     def learning_rate(self, value: Any) -> None:

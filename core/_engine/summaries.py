@@ -62,7 +62,12 @@ def write_update_summaries(step: Any, grads: list[Any], updates: list[Any]) -> N
     wanted = set(step.spec.options.summaries)
     pipe, at = step.pipeline, step.counters.iterations
     if "learning_rate" in wanted:
-        write_scalar("learning_rate", pipe.learning_rate, step=at)
+        rates = pipe.learning_rates
+        if len(rates) > 1:  # rules per variable group: each its own curve
+            for path, rate in rates.items():
+                write_scalar(f"learning_rate/{path}", rate, step=at)
+        else:
+            write_scalar("learning_rate", pipe.learning_rate, step=at)
     if "hyperparameters" in wanted:
         for tag, value in step.scheduled:
             write_scalar(tag, value(), step=at)
