@@ -186,7 +186,8 @@ class _SpecBuilder:
                     except (Invalid, ValueError) as exc:
                         self.out.add(f"{path}.{key}", f"{exc} (regular expressions "
                                      "matched against variable paths)")
-        config = self.config(comp.config_cls, params, path, extra_keys=extra.keys())
+        config = self.config(comp.config_cls, params, path,
+                             extra_keys=TRANSFORM_KEYS if kind == "transform" else ())
         if config is None:
             return None
         return ComponentSpec(kind=kind, name=comp.name, config=config, path=path,

@@ -188,6 +188,11 @@ def format_text(info: Mapping[str, Any], width: int | None = None) -> str:
         if any(a["accepts_schedule"] for a in args):
             out += ["", 'float or schedule: a number, "@name" of a [schedules] table, or an '
                     "inline schedule table"]
+    if info["kind"] == "transform":
+        out += ["", *textwrap.wrap(
+            'every transform also takes variables = ["regex", ...] (only the variables '
+            'whose path matches, such as "dense_1/") and exclude = ["regex", ...] (not '
+            "these): see Choosing variables in docs/transforms.md", width)]
     out += ["", "example:", textwrap.indent(info["example_toml"].rstrip(), "  ")]
     return "\n".join(out).replace("``", "`")  # docstrings' reST literals, for a terminal
 

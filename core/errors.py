@@ -87,6 +87,15 @@ _OTHER_NAMES = {"b1": "beta_1", "b2": "beta_2", "b3": "beta_3", "eps": "epsilon"
                 "mask": "exclude_from_weight_decay"}
 
 
+# How other libraries choose a rule's variables (TF Addons' MultiOptimizer takes layers)
+_SELECTING = ("variable", "var_list", "layers", "layer", "decay_var_list")
+# Options of other libraries' optimizers that are a transform of their own here
+_OWN_TRANSFORM = {"weight_decay": ("weight_decay", "after"),
+                  "clipnorm": ("clip_by_norm", "before"),
+                  "global_clipnorm": ("clip_by_global_norm", "before"),
+                  "clipvalue": ("clip_by_value", "before")}
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """A ``" (did you mean 'x'?)"`` suffix, or ``""`` when nothing is close."""
     import difflib
@@ -94,6 +103,13 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     names = sorted(set(choices))
     if _OTHER_NAMES.get(word) in names:  # 'b1' is nothing like 'beta_1' to difflib
         return f" (did you mean {_OTHER_NAMES[word]!r}? gradpipe keeps Keras's names)"
+    if word in _SELECTING and "variables" in names:
+        return (" (did you mean 'variables'? regular expressions matched against variable "
+                "paths, such as [\"dense_1/\"])")
+    if word in _OWN_TRANSFORM and "variables" in names:  # a transform's table
+        kind, where = _OWN_TRANSFORM[word]
+        return (f" ({word} is a transform of its own here: a [[transforms]] table with "
+                f"kind = \"{kind}\" {where} this one)")
     same = [c for c in names if c.lower() == word.lower()]  # 'cosinedecay': 'CosineDecay'
     if same:
         return f" (did you mean {same[0]!r}?)"

@@ -142,6 +142,27 @@ class TestErrors:
                                            {"kind": "adma"}]})
         assert [p.path for p in info.value.problems] == ["transforms[1].kind"]
 
+    @pytest.mark.parametrize("table, key, hint", [
+        ({"kind": "adam", "exclde": ["bias"]}, "exclde", "did you mean 'exclude'?"),
+        ({"kind": "adam", "variable": ["dense"]}, "variable", "did you mean 'variables'? "
+         "regular expressions matched against variable paths"),
+        ({"kind": "sgd", "layers": ["dense_1"]}, "layers", "did you mean 'variables'?"),
+        ({"kind": "lion", "weight_decay": 1e-3}, "weight_decay", "weight_decay is a "
+         'transform of its own here: a [[transforms]] table with kind = "weight_decay" '
+         "after this one"),
+        ({"kind": "adam", "global_clipnorm": 1.0}, "global_clipnorm", 'kind = '
+         '"clip_by_global_norm" before this one'),
+    ])
+    def test_unknown_keys_point_to_what_selects_variables_or_is_a_transform(
+            self, table, key, hint):
+        """A transform's valid keys include ``variables`` and ``exclude``, and the keys
+        other libraries use for them, or for what is a transform here, say so."""
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse({"transforms": [table]})
+        message = problems(info.value)[f"transforms[0].{key}"][1]
+        assert hint in message
+        assert message.endswith("kind, variables, exclude")  # the valid keys listed
+
     def test_enum_suggestion(self):
         with pytest.raises(ConfigError, match="did you mean 'mean'"):
             gradpipe.parse({"placement": {"kind": "default", "reduction": "maen"},

@@ -103,6 +103,7 @@ def test_adam_shows_each_key_with_type_default_range_and_meaning():
     assert "capabilities: update_rule" in out
     assert "[[transforms]]" in out and 'kind = "adam"' in out
     assert 'float or schedule: a number, "@name"' in out
+    assert 'every transform also takes variables = ["regex", ...]' in " ".join(out.split())
 
 
 def test_a_required_key_is_marked():
