@@ -68,6 +68,7 @@ def component_spec(kind: str, table: Mapping[str, Any], *,
                    registry: Registry | None = None) -> ComponentSpec:
     """Validate one component table into a spec (no TensorFlow needed)."""
     from .config import _Collector, _SpecBuilder
+    from .toml_source import as_toml_values
 
     if kind not in KIND_HOOKS:
         from .errors import did_you_mean
@@ -77,7 +78,7 @@ def component_spec(kind: str, table: Mapping[str, Any], *,
     registry = registry or get_registry()
     out = _Collector(None, {})
     builder = _SpecBuilder(registry, out, None)
-    spec = builder.component(kind, table, kind)
+    spec = builder.component(kind, as_toml_values(table), kind)
     if out.problems or spec is None:
         raise ConfigError(out.problems)
     return spec

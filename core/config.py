@@ -9,6 +9,7 @@ nothing in it is ever imported or evaluated.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ from .fields import (
 from .fields import type_name as _type_name
 from .registry import Registry, get_registry
 from .spec import ComponentSpec, GradpipeSection, PipelineOptions, PipelineSpec
+from .toml_source import as_toml_values
 
 SECTIONS = ("gradpipe", "placement", "loss_scale", "schedules", "pipeline",
             "transforms", "convergence", "problem", "lock")
@@ -50,6 +52,7 @@ def parse_mapping(
     if not isinstance(data, Mapping):
         raise ConfigError([Problem(path="", message="a pipeline must be a table",
                                    file=file)])
+    data = as_toml_values(data)
     for key in data:
         if key not in SECTIONS:
             out.add(str(key), f"unknown section{did_you_mean(str(key), SECTIONS)}; "
@@ -263,6 +266,8 @@ class _SpecBuilder:
                 items = [self.value(one, tp, item, f"{path}[{i}]")
                          for i, item in enumerate(value)]
                 return _FAILED if _FAILED in items else tuple(items)
+            if callable(value) and hasattr(value, "get_config"):
+                raise Invalid(_schedule_object(value))
             return check_type(float, value)
         return check_type(tp, value)
 
@@ -276,3 +281,29 @@ def _clean(message: str, key: str) -> str:
         if key and message.startswith(prefix):
             return message[len(prefix):]
     return message
+
+
+def _schedule_object(value: Any) -> str:
+    """What to write for a schedule object (a Keras ``LearningRateSchedule``) given
+    in a Python table: its config as the inline table of the same kind."""
+    name = type(value).__name__
+    try:
+        config = {k: v for k, v in value.get_config().items() if v is not None}
+        items = ", ".join(f"{k} = {_inline(v)}" for k, v in as_toml_values(config).items())
+    except Exception:  # a hint only: the error stands without it
+        items = "..."
+    return (f"is a schedule object ({name}); a pipeline table holds TOML values: write it "
+            f"as a table of the kind named after its class, {{kind = \"{name}\", {items}}} "
+            "(see docs/schedules.md), or give the whole Keras optimizer to "
+            "gradpipe.from_keras")
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_inline, value)) + "]"
+    return repr(value)
+

@@ -96,6 +96,18 @@ _OWN_TRANSFORM = {"weight_decay": ("weight_decay", "after"),
                   "clipvalue": ("clip_by_value", "before")}
 
 
+# Optimizer classes of TF Addons and Keras whose gradpipe chain is not their name
+_OTHER_CLASSES = {
+    "RectifiedAdam": ("radam", "'radam'"),
+    "LazyAdam": ("adam", "'adam' with lazy = true"),
+    "SGDW": ("sgd", "'sgd', then a 'weight_decay' transform"),
+    "MultiOptimizer": ("adam", "one update rule per variable group, each with "
+                               "variables = [\"regex\", ...]"),
+    "extend_with_decoupled_weight_decay": ("weight_decay",
+                                           "any rule, then a 'weight_decay' transform"),
+}
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """A ``" (did you mean 'x'?)"`` suffix, or ``""`` when nothing is close."""
     import difflib
@@ -110,7 +122,10 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
         kind, where = _OWN_TRANSFORM[word]
         return (f" ({word} is a transform of its own here: a [[transforms]] table with "
                 f"kind = \"{kind}\" {where} this one)")
-    same = [c for c in names if c.lower() == word.lower()]  # 'cosinedecay': 'CosineDecay'
+    if word in _OTHER_CLASSES and _OTHER_CLASSES[word][0] in names:
+        return f" ({word} is {_OTHER_CLASSES[word][1]} here)"
+    # 'cosinedecay': 'CosineDecay'; 'ProximalAdagrad': 'proximal_adagrad'
+    same = [c for c in names if c.lower().replace("_", "") == word.lower().replace("_", "")]
     if same:
         return f" (did you mean {same[0]!r}?)"
     close = difflib.get_close_matches(word, names, n=5, cutoff=0.6)

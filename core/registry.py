@@ -270,6 +270,10 @@ class Registry:
             have = self.components[(kind, name)].provider.dist
             return f"{kind} {name!r} is provided by {have!r}, not by {dist!r}"
         message = f"unknown {kind} {name!r}{did_you_mean(name, self.names(kind))}"
+        elsewhere = [other for other in HOOK_KINDS.values()
+                     if other != kind and name in self.names(other)]
+        if elsewhere:  # a schedule where a transform goes, say
+            message += f"; {name!r} is a {elsewhere[0]}, not a {kind}"
         failed = [r for r in self.plugins if r.status == "failed"]
         if failed:
             message += "; these plugins failed to load and may provide it: " + ", ".join(

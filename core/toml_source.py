@@ -1,4 +1,5 @@
-"""Reading a pipeline file: its TOML, and the line of every key.
+"""Reading a pipeline file: its TOML, and the line of every key; and a table
+written in Python, made of the values TOML has.
 
 ``tomllib`` keeps no positions, so :func:`line_map` finds them with a light
 scan of the text; :func:`line_for` gives a key path's line, or its nearest
@@ -101,3 +102,18 @@ def line_for(lines: Mapping[str, int], path: str) -> int | None:
             break
         probe = probe[:cut]
     return lines.get(probe)
+
+
+def as_toml_values(value: Any) -> Any:
+    """A table written in Python as TOML would give it: NumPy scalars as Python
+    numbers (a float32 as its shortest decimal, ``np.float32(0.01)`` as 0.01, not
+    0.009999999776...), tuples as arrays. Anything else is left for the checks."""
+    if isinstance(value, Mapping):
+        return {key: as_toml_values(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_toml_values(item) for item in value]
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        kind = getattr(getattr(value, "dtype", None), "kind", "")
+        return float(str(value)) if kind == "f" else value.item()
+    return value
+

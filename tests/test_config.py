@@ -163,6 +163,19 @@ class TestErrors:
         assert hint in message
         assert message.endswith("kind, variables, exclude")  # the valid keys listed
 
+    @pytest.mark.parametrize("kind, hint", [
+        ("RectifiedAdam", "RectifiedAdam is 'radam' here"),
+        ("LazyAdam", "LazyAdam is 'adam' with lazy = true here"),
+        ("SGDW", "SGDW is 'sgd', then a 'weight_decay' transform here"),
+        ("MultiOptimizer", "one update rule per variable group, each with variables = "),
+        ("ProximalAdagrad", "did you mean 'proximal_adagrad'?"),
+        ("ExponentialDecay", "'ExponentialDecay' is a schedule, not a transform"),
+    ])
+    def test_other_libraries_class_names_point_to_the_gradpipe_kind(self, kind, hint):
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse({"transforms": [{"kind": kind}]})
+        assert hint in problems(info.value)["transforms[0].kind"][1]
+
     def test_enum_suggestion(self):
         with pytest.raises(ConfigError, match="did you mean 'mean'"):
             gradpipe.parse({"placement": {"kind": "default", "reduction": "maen"},
@@ -200,6 +213,41 @@ class TestSchedules:
         with pytest.raises(ConfigError, match="unknown schedule 'fixed'"):
             gradpipe.parse({"transforms": [
                 {"kind": "sgd", "learning_rate": {"kind": "fixed", "learning_rate": 1}}]})
+
+
+class TestPythonTables:
+    def test_numpy_scalars_and_tuples_read_as_toml_values(self):
+        """A table built in Python may hold NumPy scalars and tuples: they are the TOML
+        numbers and arrays they stand for (a float32 as its shortest decimal)."""
+        import numpy as np
+
+        spec = gradpipe.parse({"transforms": [
+            {"kind": "sgd", "learning_rate": np.float32(0.01), "variables": ("dense",)},
+            {"kind": "lookahead", "sync_period": np.int64(5), "slow_step_size": np.float64(0.5)}]})
+        sgd, lookahead = spec.transforms
+        assert sgd.config.learning_rate == 0.01 and sgd.extra["variables"] == ("dense",)
+        assert lookahead.config.sync_period == 5 and type(lookahead.config.sync_period) is int
+        assert "learning_rate = 0.01\n" in spec.to_toml()
+        schedule = gradpipe.create("schedule", {"kind": "fixed_lr",
+                                                "learning_rate": np.float32(0.25)})
+        assert float(schedule(0)) == 0.25
+
+    def test_a_keras_schedule_object_gets_the_table_to_write(self):
+        """The hint is the schedule as a table of the same kind: written as given, it
+        is a gradpipe schedule with Keras's values."""
+        import keras
+        import tomllib
+
+        decay = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9, staircase=True)
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse({"transforms": [{"kind": "adam", "learning_rate": decay}]})
+        message = problems(info.value)["transforms[0].learning_rate"][1]
+        assert message.startswith("is a schedule object (ExponentialDecay); a pipeline "
+                                  "table holds TOML values")
+        table = tomllib.loads("t = {" + message.split("{", 1)[1].split("}", 1)[0] + "}")["t"]
+        schedule = gradpipe.create("schedule", table)
+        for step in (0, 9, 10, 35):
+            assert float(schedule(step)) == pytest.approx(float(decay(step)), rel=1e-6)
 
 
 class TestRequire:
