@@ -38,6 +38,15 @@ def weights(m):
     return [np.asarray(w) for w in m.get_weights()]
 
 
+def test_compiling_with_the_pipeline_itself_names_keras_optimizer():
+    """Keras's error for an optimizer it cannot read shows the object: the pipeline
+    says what Keras takes instead."""
+    pipe = gradpipe.build(CLIP_ADAM)
+    with pytest.raises(ValueError, match=r"<gradpipe pipeline \[clip_by_global_norm, adam\]; "
+                                         r"Keras takes pipe\.keras_optimizer\(\)>"):
+        model().compile(optimizer=pipe, loss="mse")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
 def test_fit_matches_keras_adam_global_clipnorm(jit):

@@ -81,6 +81,10 @@ class Pipeline(tf.Module):
 
     # -- public API --------------------------------------------------------
 
+    def __repr__(self) -> str:  # what Keras shows for compile(optimizer=pipe), too
+        chain = ", ".join(t.name for t in self._spec.transforms)
+        return f"<gradpipe pipeline [{chain}]; Keras takes pipe.keras_optimizer()>"
+
     @property
     def spec(self) -> PipelineSpec:
         return self._spec
@@ -135,14 +139,14 @@ class Pipeline(tf.Module):
         first = next(iter(self._rule_rates.values()), None)
         return tf.constant(float("nan"), tf.float32) if first is None else first()
 
+    @learning_rate.setter
+    def learning_rate(self, value: Any) -> None:
+        self._rate.set(value)
+
     @property
     def learning_rates(self) -> dict[str, tf.Tensor]:
         """Each update rule's current learning rate, by its path (``"transforms[1]"``)."""
         return {path: rate() for path, rate in self._rule_rates.items()}
-
-    @learning_rate.setter
-    def learning_rate(self, value: Any) -> None:
-        self._rate.set(value)
 
     def minimize(self, loss_fn: Any, var_list: Sequence[Any], max_steps: int,
                  trace_fn: Any = None, *, return_full_length_trace: bool = True,
@@ -294,36 +298,33 @@ class Pipeline(tf.Module):
         "in place" or "plain (why)"): the plan's choice, and what only a trace knows
         (sparse gradients, a summary writer, a strategy)."""
         pairs = list(grads_and_vars)
-        if self._step is None:
-            self.build([v for _, v in pairs])
-        assert self._step is not None
-        return self._step.path(pairs)
+        return self._built_for(pairs).path(pairs)
 
     def compiled_hlo(self, grads_and_vars: Iterable[tuple[Any, Any]],
                      stage: str = "optimized_hlo") -> str:
         """What XLA makes of the compiled step for these gradients (``stage``: "hlo"
         or "optimized_hlo"), for inspecting the fused step; the plan must compile."""
         pairs = list(grads_and_vars)
-        if self._step is None:
-            self.build([v for _, v in pairs])
-        assert self._step is not None and self._plan is not None
+        step = self._built_for(pairs)
+        assert self._plan is not None
         if not self._plan.compile.on:
             raise GradpipeError(f"this pipeline's step is not compiled: {self._plan.compile}")
-        return self._step.compiled_hlo(pairs, stage)
+        return step.compiled_hlo(pairs, stage)
+
+    def _built_for(self, pairs: list[tuple[Any, Any]]) -> Step:
+        if self._step is None:
+            self.build([v for _, v in pairs])
+        assert self._step is not None
+        return self._step
 
     def add_loss_scale(self, table: Mapping[str, Any]) -> None:
-        """Give a pipeline without ``[loss_scale]`` the loss scaler that ``table``
-        describes (a TOML-shaped table), before it is built.
-
-        The Keras adapters call it under the ``mixed_float16`` policy, as Keras's
-        ``compile`` wraps a plain optimizer in a ``LossScaleOptimizer``. The
-        resolved TOML (``to_toml``, a ``.keras`` file) then includes it.
-        """
+        """Give a pipeline without ``[loss_scale]`` the loss scaler ``table`` describes,
+        before it is built: the Keras adapters do under ``mixed_float16``, as Keras's
+        ``compile`` does. ``to_toml`` and a ``.keras`` file then include it."""
         if self.loss_scaler is not None:
             raise GradpipeError("this pipeline has a loss scaler already")
         if self._step is not None:
-            raise GradpipeError("a loss scaler can only be added before the pipeline "
-                                "is built")
+            raise GradpipeError("a loss scaler must be added before the pipeline is built")
         spec = component_spec("loss_scale", table, registry=self._registry)
         self._spec = attrs.evolve(self._spec, loss_scale=spec)
         self._attach_loss_scaler()
