@@ -233,9 +233,12 @@ def averaged_values(pipe: Any, which: int | str | None = None) -> list[Any]:
     slots = pipe.transform_state(index)
     first = getattr(pipe.spec.transforms[index].config, "start_averaging", 0)
     applied = int(slots["count"].numpy()) if "count" in slots else 0  # built or not
-    if applied <= first:  # SWA: before its first member
-        raise GradpipeError(f"the average has no member yet: {applied} steps applied, "
-                            f"and step {first} (from 0) is its first")
+    if applied <= first:  # before the first step, or SWA's first member
+        name = pipe.spec.transforms[index].name
+        raise GradpipeError(
+            f"{name} has no average yet: no step applied" if applied == 0 and first == 0
+            else f"{name} has no average yet: {applied} steps applied, and step {first} "
+                 "(from 0) is its first member (start_averaging)")
     names = _slot_names(pipe.model_variables)
     values = []
     for var, name in zip(pipe.model_variables, names):

@@ -195,10 +195,22 @@ def test_swa_members_by_period():
     pipe = build({"kind": "sgd", "learning_rate": 1.0},
                  {"kind": "swa", "start_averaging": 2, "average_period": 3})
     apply(pipe, [tf.constant([-1.0])], [var], 2)
-    with pytest.raises(GradpipeError, match="no member yet"):
+    with pytest.raises(GradpipeError, match=r"swa has no average yet: 2 steps applied, and "
+                                            r"step 2 \(from 0\) is its first member"):
         averaged_values(pipe)
     apply(pipe, [tf.constant([-1.0])], [var], 8)
     np.testing.assert_allclose(averaged_values(pipe)[0].numpy(), [6.0])
+
+
+def test_moving_average_before_any_step_has_no_average():
+    var = tf.Variable([0.0])
+    pipe = build({"kind": "sgd"}, {"kind": "moving_average"})
+    pipe.build([var])
+    with pytest.raises(GradpipeError, match=r"^moving_average has no average yet: no step "
+                                            r"applied$"):
+        averaged_values(pipe)
+    apply(pipe, [tf.constant([-1.0])], [var], 1)  # w: 0 -> 0.01, decay 0.99 from 0
+    assert averaged_values(pipe)[0].numpy() == pytest.approx([1e-4])
 
 
 @pytest.mark.parametrize("keys", [{"average_period": 0}, {"start_averaging": -1},
