@@ -74,10 +74,13 @@ def larc(cfg: LarcConfig) -> Transform:
         ratio = cfg.eta * norm(var) / (norm(g) + cfg.epsilon)
         if cfg.mode == "clip":
             assert lr is not None
-            # lr = 0 (a warm-up's first step) gives 0/0 in the reference; the
-            # update is 0 then anyway, so divide_no_nan keeps the factor finite.
-            factor = tf.minimum(tf.maximum(tf.math.divide_no_nan(ratio, lr()),
-                                           cfg.min_update), 1.0)
+            rate = lr()
+            # At lr = 0 (a warm-up's first step) the reference's ratio / lr is +inf
+            # and its factor 1: the gradient passes whole, and a rule's moments see
+            # it. sign(ratio) is that limit (0 for zero weights, where the
+            # reference's 0/0 is NaN), without dividing by 0.
+            scaled = tf.where(rate > 0, tf.math.divide_no_nan(ratio, rate), tf.sign(ratio))
+            factor = tf.minimum(tf.maximum(scaled, cfg.min_update), 1.0)
         else:
             factor = tf.maximum(ratio, cfg.min_update)
         return map_values(g, lambda x: tf.saturate_cast(factor, x.dtype) * x)

@@ -161,6 +161,21 @@ class TestLarc:
     def test_clip_caps_at_one(self):
         assert self.factor(eta=1.0, learning_rate=0.1) == pytest.approx(1.0, rel=1e-6)
 
+    def test_clip_at_a_rate_of_zero_passes_the_gradient_whole(self):
+        """A warm-up's first rate is 0: OpenSeq2Seq's ratio / lr is +inf there, its
+        factor 1, so a rule's moments see the whole gradient (not 1e-7 of it)."""
+        var = tf.Variable([3.0, 4.0])
+        g = tf.constant([0.6, 0.8])
+        pipe = gradpipe.build({"transforms": [
+            {"kind": "larc", "eta": 0.002, "learning_rate": "@lr"},
+            {"kind": "novograd", "learning_rate": "@lr", "beta_1": 0.95, "beta_2": 0.98}],
+            "schedules": {"lr": {"kind": "linear", "start": 0.0, "end": 0.1, "steps": 10}}})
+        pipe.apply_gradients([(g, var)])
+        # novograd's second moment starts at ||g||^2 of what LARC passed on
+        nu = [v for k, v in pipe.named_variables().items() if "nu" in k]
+        assert [float(v.numpy().ravel()[0]) for v in nu] == pytest.approx([1.0], rel=1e-6)
+        assert var.numpy() == pytest.approx([3.0, 4.0])  # rate 0: nothing moves
+
     def test_not_with_global_norm_clipping(self):
         with pytest.raises(ConfigError, match="LARC and gradient norm clipping") as info:
             gradpipe.parse({"transforms": [
