@@ -42,7 +42,8 @@ def test_event_files_hold_every_summary(tmp_path):
             step(tf.constant(g) * pipe.loss_scale)
     writer.flush()
     found = events(tmp_path)
-    assert [v for _, v in found["learning_rate"]] == pytest.approx([0.075, 0.05])
+    # the rate each update used (0.1 at the first), at the count it reached
+    assert [v for _, v in found["learning_rate"]] == pytest.approx([0.1, 0.075])
     assert [s for s, _ in found["learning_rate"]] == [1, 2]  # step = applied updates
     assert found["hyperparameters/transforms[1].learning_rate"] == found["learning_rate"]
     assert [v for _, v in found["global_gradient_norm"]] == pytest.approx([5.0, 0.5])
@@ -69,12 +70,12 @@ def test_rules_per_variable_group_report_each_rate(tmp_path):
         step()
     writer.flush()
     rates = {path: float(rate) for path, rate in pipe.learning_rates.items()}
-    assert rates == pytest.approx({"transforms[0]": 0.5, "transforms[1]": 0.05})
+    assert rates == pytest.approx({"transforms[0]": 0.5, "transforms[1]": 0.05})  # next
     assert float(pipe.learning_rate) == 0.5  # the first rule's, as documented
     found = events(tmp_path)
     assert "learning_rate" not in found
     assert [v for _, v in found["learning_rate/transforms[0]"]] == [0.5, 0.5]
-    assert [v for _, v in found["learning_rate/transforms[1]"]] == pytest.approx([0.075, 0.05])
+    assert [v for _, v in found["learning_rate/transforms[1]"]] == pytest.approx([0.1, 0.075])
 
 
 def test_nothing_written_without_a_writer(tmp_path):

@@ -42,7 +42,7 @@ from .rows import SparseInputs
 from .sequence import VariableSequence
 from .state import Counters, StateStore
 from .step_ops import finite_and_record_norm, real_branch_marker, unscale
-from .summaries import write_step_summaries, write_update_summaries
+from .summaries import rates_of_this_update, write_step_summaries, write_update_summaries
 from .writes import assign, kept_where_skipped, subtract_packed
 
 
@@ -311,13 +311,14 @@ class Step:
             if t is not None]
         # One barrier: every op under control_dependencies(computed) would get an
         # edge from each value, quadratic in the variables (minutes to trace 2,000).
+        rates = [] if compiling else rates_of_this_update(self)  # before the count moves
         with tf.control_dependencies([tf.group(*computed)] if computed else []):
             ops = assign(self.state, new_states, updates)
         with tf.control_dependencies(ops):
             self.counters.iterations.assign_add(1)
         with tf.control_dependencies(ops + [self.counters.iterations.read_value()]):
             if not compiling:
-                write_update_summaries(self, grads, updates)
+                write_update_summaries(self, grads, updates, rates)
                 return tf.constant(True)
             return real_branch_marker(self.counters.iterations)
 

@@ -54,23 +54,36 @@ def scheduled_hyperparameters(spec: PipelineSpec) -> list[tuple[str, Any]]:
     return found
 
 
-def write_update_summaries(step: Any, grads: list[Any], updates: list[Any]) -> None:
-    """Summaries of an applied step (``step``: the engine's Step): rates, norms,
-    factors, update ratios."""
+def rates_of_this_update(step: Any) -> list[tuple[str, Any]]:
+    """(tag, value) of the learning rates and scheduled hyperparameters this update
+    uses. Read them before the step counter moves (a schedule follows it): the
+    summaries are written after, at the new count, as OpenSeq2Seq logs the rate
+    a step used at that step."""
     if not _may_record(step):
-        return
+        return []
     wanted = set(step.spec.options.summaries)
-    pipe, at = step.pipeline, step.counters.iterations
+    pipe, found = step.pipeline, []
     if "learning_rate" in wanted:
         rates = pipe.learning_rates
         if len(rates) > 1:  # rules per variable group: each its own curve
-            for path, rate in rates.items():
-                write_scalar(f"learning_rate/{path}", rate, step=at)
+            found += [(f"learning_rate/{path}", rate) for path, rate in rates.items()]
         else:
-            write_scalar("learning_rate", pipe.learning_rate, step=at)
+            found.append(("learning_rate", pipe.learning_rate))
     if "hyperparameters" in wanted:
-        for tag, value in step.scheduled:
-            write_scalar(tag, value(), step=at)
+        found += [(tag, value()) for tag, value in step.scheduled]
+    return found
+
+
+def write_update_summaries(step: Any, grads: list[Any], updates: list[Any],
+                           rates: list[tuple[str, Any]]) -> None:
+    """Summaries of an applied step (``step``: the engine's Step): ``rates`` (from
+    :func:`rates_of_this_update`), norms, factors, update ratios."""
+    if not _may_record(step):
+        return
+    wanted = set(step.spec.options.summaries)
+    at = step.counters.iterations
+    for tag, value in rates:
+        write_scalar(tag, value, step=at)
     if "global_gradient_norm" in wanted:
         norm = step.context.shared.get("global_norm")  # computed once by clipping
         if norm is None:
