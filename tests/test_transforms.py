@@ -189,6 +189,41 @@ class TestLarc:
             gradpipe.parse({"transforms": [{"kind": "larc", "eta": 0.002}, {"kind": "sgd"}]})
 
 
+def openseq2seq_novograd(grads, w0, lr, beta1, beta2, eps, wd, as_executed=False):
+    """OpenSeq2Seq's NovoGrad in numpy: the layer's squared norm seeds ``v`` (when
+    ``v`` is 0), ``g / sqrt(v + eps) + wd w`` feeds TF1's MomentumOptimizer. Its
+    source rebinds the ``v`` variable's Python name to the new value instead of
+    assigning it, so as its graph executes ``v`` is 0 before every step."""
+    w, v, accum = np.array(w0, np.float64), 0.0, 0.0
+    for g in grads:
+        g = np.asarray(g, np.float64)
+        g2 = float(np.sum(g * g))
+        v = g2 if v == 0.0 else beta2 * v + (1 - beta2) * g2
+        accum = beta1 * accum + g / np.sqrt(v + eps) + wd * w
+        w = w - lr * accum
+        if as_executed:
+            v = 0.0
+    return w
+
+
+@pytest.mark.parametrize("as_executed", [False, True], ids=["as-written", "as-executed"])
+def test_openseq2seq_novograd_mapping(as_executed):
+    """The mapping the transforms page gives: epsilon inside the root is
+    ``epsilon_root``, ``epsilon = 0``; ``beta_2 = 0`` is OpenSeq2Seq as it runs."""
+    rng = np.random.default_rng(3)
+    grads = [rng.normal(size=(3, 2)).astype("f4") for _ in range(20)]
+    w0 = rng.normal(size=(3, 2)).astype("f4")
+    var = tf.Variable(w0)
+    pipe = gradpipe.build({"transforms": [{
+        "kind": "novograd", "learning_rate": 0.05, "beta_1": 0.95,
+        "beta_2": 0.0 if as_executed else 0.98, "epsilon": 0.0, "epsilon_root": 1e-8,
+        "weight_decay": 0.001}]})
+    for g in grads:
+        pipe.apply_gradients([(tf.constant(g), var)])
+    expected = openseq2seq_novograd(grads, w0, 0.05, 0.95, 0.98, 1e-8, 0.001, as_executed)
+    assert_close(var.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_lars_closed_form():
     """One LARS step: lr * tc * ||w|| / ||g + wd w|| * (g + wd w)."""
     var = tf.Variable([3.0, 4.0])
