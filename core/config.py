@@ -189,8 +189,8 @@ class _SpecBuilder:
                     except (Invalid, ValueError) as exc:
                         self.out.add(f"{path}.{key}", f"{exc} (regular expressions "
                                      "matched against variable paths)")
-        config = self.config(comp.config_cls, params, path,
-                             extra_keys=TRANSFORM_KEYS if kind == "transform" else ())
+        config = self.config(comp.config_cls, params, path, extra_keys=(
+            "kind", *(TRANSFORM_KEYS if kind == "transform" else ())))
         if config is None:
             return None
         return ComponentSpec(kind=kind, name=comp.name, config=config, path=path,
@@ -204,7 +204,7 @@ class _SpecBuilder:
         types = field_types(cls)
         values: dict[str, Any] = {}
         ok = True
-        allowed = [*fields, "kind", *extra_keys]
+        allowed = [*fields, *extra_keys]  # a component's table also has its kind
         for key, value in table.items():
             key_path = f"{path}.{key}"
             if key not in fields:

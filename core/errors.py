@@ -87,6 +87,8 @@ _OTHER_NAMES = {"b1": "beta_1", "b2": "beta_2", "b3": "beta_3", "eps": "epsilon"
                 "mask": "exclude_from_weight_decay"}
 
 
+# OpenSeq2Seq's keys that gradpipe names otherwise (its larc_ prefix: see below)
+_OPENSEQ2SEQ_NAMES = {"iter_size": "accumulation_steps", "larc_params": "larc"}
 # How other libraries choose a rule's variables (TF Addons' MultiOptimizer takes layers)
 _SELECTING = ("variable", "var_list", "layers", "layer", "decay_var_list")
 # Options of other libraries' optimizers that are a transform of their own here
@@ -115,6 +117,11 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     names = sorted(set(choices))
     if _OTHER_NAMES.get(word) in names:  # 'b1' is nothing like 'beta_1' to difflib
         return f" (did you mean {_OTHER_NAMES[word]!r}? gradpipe keeps Keras's names)"
+    if _OPENSEQ2SEQ_NAMES.get(word) in names:
+        return f" (did you mean {_OPENSEQ2SEQ_NAMES[word]!r}? OpenSeq2Seq's {word})"
+    prefix, _, rest = word.partition("_")  # 'larc_eta' in a larc table: 'eta'
+    if rest in names and prefix in ("larc", "lars", "loss", "lr"):
+        return f" (did you mean {rest!r}?)"
     if word in _SELECTING and "variables" in names:
         return (" (did you mean 'variables'? regular expressions matched against variable "
                 "paths, such as [\"dense_1/\"])")

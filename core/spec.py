@@ -141,8 +141,15 @@ class PipelineOptions:
 
     @summaries.validator
     def _summaries(self, attribute: Any, value: tuple[str, ...]) -> None:
+        wrong = []  # every unknown name at once, not the first alone
         for name in value:
-            one_of(*SUMMARIES)(None, attribute, name)
+            try:
+                one_of(*SUMMARIES)(None, attribute, name)
+            except ValueError as exc:
+                wrong.append(f"{name!r}{str(exc).partition(repr(name))[2]}")
+        if wrong:
+            raise ValueError(f"must name summaries among {', '.join(map(repr, SUMMARIES))}; "
+                             f"unknown: {', '.join(wrong)}")
 
 
 @attrs.frozen(kw_only=True)

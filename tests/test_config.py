@@ -163,6 +163,22 @@ class TestErrors:
         assert hint in message
         assert message.endswith("kind, variables, exclude")  # the valid keys listed
 
+    def test_openseq2seq_names_and_every_unknown_summary_are_pointed_out(self):
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse({
+                "pipeline": {"iter_size": 2,
+                             "summaries": ["larc_summaries", "learning_rates", "loss_scale"]},
+                "transforms": [{"kind": "larc", "larc_eta": 0.002, "learning_rate": 0.1},
+                               {"kind": "sgd"}]})
+        found = problems(info.value)
+        assert found["pipeline.iter_size"][1].startswith(
+            "unknown key (did you mean 'accumulation_steps'? OpenSeq2Seq's iter_size); "
+            "valid keys: accumulation_steps, ")
+        assert not found["pipeline.iter_size"][1].endswith("kind")  # no kind in [pipeline]
+        assert "did you mean 'eta'?" in found["transforms[0].larc_eta"][1]
+        assert found["pipeline.summaries"][1].endswith(
+            "unknown: 'larc_summaries', 'learning_rates' (did you mean 'learning_rate'?)")
+
     @pytest.mark.parametrize("kind, hint", [
         ("RectifiedAdam", "RectifiedAdam is 'radam' here"),
         ("LazyAdam", "LazyAdam is 'adam' with lazy = true here"),
