@@ -348,6 +348,23 @@ def test_coming_from_tf_addons_page_is_generated_from_the_registry():
         assert f"`{name}" in page, name
 
 
+def test_coming_from_optax_page_is_generated_from_the_registry():
+    """Every optimizer of optax's alias module is on the page, whose gradpipe keys and
+    defaults docs/gen_optax_page.py reads from the registry (optax's, for the rules that
+    follow it, from tests/references/optax_golden.json)."""
+    result = forked.run([sys.executable, str(ROOT / "docs" / "gen_optax_page.py"),
+                         "--check"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    page = (ROOT / "docs" / "coming-from-optax.md").read_text()
+    # optax/_src/alias.py of optax 0.2.8, the release the golden values were recorded with
+    for name in ("adabelief", "adadelta", "adafactor", "adagrad", "adam", "adamax", "adamaxw",
+                 "adamw", "adan", "amsgrad", "fromage", "lamb", "lars", "lbfgs", "lion",
+                 "nadam", "nadamw", "noisy_sgd", "novograd", "optimistic_adam",
+                 "optimistic_adam_v2", "optimistic_gradient_descent", "polyak_sgd", "radam",
+                 "rmsprop", "rprop", "sgd", "sign_sgd", "signum", "sm3", "yogi"):
+        assert f"| [`{name}`](#{name}) |" in page or f"| `{name}` |" in page, name
+
+
 def test_plugin_guide_hook_table_agrees_with_the_hookspecs():
     """Each name the guide's hook table gives for what a factory returns is in that
     hook's specification: one truth, in gradpipe.hookspecs."""

@@ -52,15 +52,12 @@ def transform(alias: str, kwargs: dict) -> dict:
 TOLERANCE = {"fromage": (1e-5, 1e-6)}
 
 
-@pytest.mark.parametrize("case", sorted(GOLDEN["cases"]))
-def test_twelve_steps_match_optax(case):
-    """Every step's parameters equal optax's: rtol 2e-6, and atol 3e-7 (two float32
-    roundings at the problem's scale, for the values that pass near 0)."""
-    alias, kwargs, expected = (GOLDEN["cases"][case][k] for k in ("alias", "kwargs", "params"))
+def assert_steps_match(transforms, expected, rtol, atol):
+    """Twelve steps of ``transforms`` on the golden problem, each equal to optax's."""
     a = tf.Variable(GOLDEN["a0"], name="a")
     b = tf.Variable(GOLDEN["b0"], name="b")
     target, curvature = tf.constant(GOLDEN["a_target"]), tf.constant(GOLDEN["b_curvature"])
-    pipe = gradpipe.build({"transforms": [transform(alias, kwargs)]})
+    pipe = gradpipe.build({"transforms": transforms})
 
     @tf.function
     def step():
@@ -68,10 +65,38 @@ def test_twelve_steps_match_optax(case):
 
     for i, params in enumerate(expected):
         step()
-        rtol, atol = TOLERANCE.get(alias, (2e-6, 3e-7))
         assert_close([a.numpy(), b.numpy()], [params["a"], params["b"]], rtol=rtol,
                      atol=atol)
         assert i or not np.array_equal(a.numpy(), GOLDEN["a0"])
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN["cases"]))
+def test_twelve_steps_match_optax(case):
+    """Every step's parameters equal optax's: rtol 2e-6, and atol 3e-7 (two float32
+    roundings at the problem's scale, for the values that pass near 0)."""
+    alias, kwargs, expected = (GOLDEN["cases"][case][k] for k in ("alias", "kwargs", "params"))
+    assert_steps_match([transform(alias, kwargs)], expected,
+                       *TOLERANCE.get(alias, (2e-6, 3e-7)))
+
+
+@pytest.mark.parametrize("call", sorted(GOLDEN["schedules"]))
+def test_the_coming_from_optax_schedules_match_optax(call):
+    """Each optax schedule the page lists, as its gradpipe table, gives optax's value at
+    every step from 0 to 119 (float32 rounding: rtol 3e-6)."""
+    recorded = GOLDEN["schedules"][call]
+    schedule = gradpipe.create("schedule", recorded["table"])
+    ours = [float(schedule(tf.constant(step, tf.int64))) for step in range(len(
+        recorded["values"]))]
+    np.testing.assert_allclose(ours, recorded["values"], rtol=3e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN["mapped"]))
+def test_the_coming_from_optax_chains_match_optax(case):
+    """The other aliases as the "Coming from optax" page writes them (another rule, or
+    a chain: optax's lion decays, gradpipe's is Keras's and takes a weight_decay table)
+    take optax's steps, to the tolerance recorded with each."""
+    mapped = GOLDEN["mapped"][case]
+    assert_steps_match(mapped["transforms"], mapped["params"], *mapped["tolerance"])
 
 
 # optax's alias_test.py _OPTIMIZERS_UNDER_TEST, for the rules here
