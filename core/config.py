@@ -306,4 +306,3 @@ def _inline(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(map(_inline, value)) + "]"
     return repr(value)
-

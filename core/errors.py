@@ -87,8 +87,8 @@ _OTHER_NAMES = {"b1": "beta_1", "b2": "beta_2", "b3": "beta_3", "eps": "epsilon"
                 "mask": "exclude_from_weight_decay"}
 
 
-# OpenSeq2Seq's keys that gradpipe names otherwise (its larc_ prefix: see below)
-_OPENSEQ2SEQ_NAMES = {"iter_size": "accumulation_steps", "larc_params": "larc"}
+# OpenSeq2Seq's keys that gradpipe names otherwise (and larc_params' larc_ prefix)
+_OPENSEQ2SEQ_NAMES = {"iter_size": "accumulation_steps"}
 # How other libraries choose a rule's variables (TF Addons' MultiOptimizer takes layers)
 _SELECTING = ("variable", "var_list", "layers", "layer", "decay_var_list")
 # Options of other libraries' optimizers that are a transform of their own here
@@ -96,8 +96,6 @@ _OWN_TRANSFORM = {"weight_decay": ("weight_decay", "after"),
                   "clipnorm": ("clip_by_norm", "before"),
                   "global_clipnorm": ("clip_by_global_norm", "before"),
                   "clipvalue": ("clip_by_value", "before")}
-
-
 # Optimizer classes of TF Addons and Keras whose gradpipe chain is not their name
 _OTHER_CLASSES = {
     "RectifiedAdam": ("radam", "'radam'"),
@@ -119,9 +117,8 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
         return f" (did you mean {_OTHER_NAMES[word]!r}? gradpipe keeps Keras's names)"
     if _OPENSEQ2SEQ_NAMES.get(word) in names:
         return f" (did you mean {_OPENSEQ2SEQ_NAMES[word]!r}? OpenSeq2Seq's {word})"
-    prefix, _, rest = word.partition("_")  # 'larc_eta' in a larc table: 'eta'
-    if rest in names and prefix in ("larc", "lars", "loss", "lr"):
-        return f" (did you mean {rest!r}?)"
+    if word.startswith("larc_") and word[5:] in names:  # OpenSeq2Seq's larc_eta: eta
+        return f" (did you mean {word[5:]!r}?)"
     if word in _SELECTING and "variables" in names:
         return (" (did you mean 'variables'? regular expressions matched against variable "
                 "paths, such as [\"dense_1/\"])")

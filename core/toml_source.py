@@ -116,4 +116,3 @@ def as_toml_values(value: Any) -> Any:
         kind = getattr(getattr(value, "dtype", None), "kind", "")
         return float(str(value)) if kind == "f" else value.item()
     return value
-
