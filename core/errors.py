@@ -83,9 +83,26 @@ class PlacementError(GradpipeError):
 
 # Keys as optax (and PyTorch) name them, where gradpipe keeps Keras's names
 _OTHER_NAMES = {"b1": "beta_1", "b2": "beta_2", "b3": "beta_3", "eps": "epsilon",
-                "eps_root": "epsilon_root", "lr": "learning_rate", "key": "seed",
-                "mask": "exclude_from_weight_decay"}
-
+                "eps_root": "epsilon_root", "lr": "learning_rate", "key": "seed"}
+# optax's schedule and clipping arguments: the first of gradpipe's keys the table has
+_OPTAX_NAMES = {"peak_value": ("learning_rate",),
+                "init_value": ("warmup_init", "start", "init_value", "learning_rate",
+                               "initial_learning_rate"),
+                "end_value": ("min_lr", "end"), "transition_steps": ("decay_steps", "steps"),
+                "transition_begin": ("begin_decay_at", "begin"), "max_norm": ("clip_norm",),
+                "max_delta": ("clip_value_max",)}
+# optax's schedules whose gradpipe kind is another name: the kind, and what differs
+_OPTAX_SCHEDULES = {
+    "warmup_cosine_decay_schedule": ("cosine", "whose decay_steps excludes the warm-up"),
+    "cosine_decay_schedule": ("CosineDecay", ""),
+    "linear_schedule": ("linear", ""),
+    "polynomial_schedule": ("poly_decay", ""),
+    "exponential_decay": ("exp_decay", ""),
+    "piecewise_constant_schedule": ("PiecewiseConstantDecay",
+                                    "whose boundaries are one step earlier"),
+    "join_schedules": ("sequence", ""),
+    "warmup_exponential_decay_schedule": ("warmup", "with an ExponentialDecay after it"),
+}
 
 # OpenSeq2Seq's keys that gradpipe names otherwise (and larc_params' larc_ prefix)
 _OPENSEQ2SEQ_NAMES = {"iter_size": "accumulation_steps"}
@@ -115,6 +132,16 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     names = sorted(set(choices))
     if _OTHER_NAMES.get(word) in names:  # 'b1' is nothing like 'beta_1' to difflib
         return f" (did you mean {_OTHER_NAMES[word]!r}? gradpipe keeps Keras's names)"
+    if word in _OPTAX_NAMES:
+        ours = next((n for n in _OPTAX_NAMES[word] if n in names), None)
+        if ours:
+            return f" (did you mean {ours!r}? optax's {word})"
+    if word == "mask":
+        return _optax_mask(names)
+    if word in _OPTAX_SCHEDULES and _OPTAX_SCHEDULES[word][0] in names:
+        kind, differs = _OPTAX_SCHEDULES[word]
+        return (f" (optax's {word} is kind = \"{kind}\"{', ' + differs if differs else ''}:"
+                " see docs/coming-from-optax.md)")
     if _OPENSEQ2SEQ_NAMES.get(word) in names:
         return f" (did you mean {_OPENSEQ2SEQ_NAMES[word]!r}? OpenSeq2Seq's {word})"
     if word.startswith("larc_") and word[5:] in names:  # OpenSeq2Seq's larc_eta: eta
@@ -124,8 +151,11 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
                 "paths, such as [\"dense_1/\"])")
     if word in _OWN_TRANSFORM and "variables" in names:  # a transform's table
         kind, where = _OWN_TRANSFORM[word]
+        scaled = ("; set its learning_rate to this rule's (\"@lr\" for a schedule) to decay "
+                  "by learning_rate * weight_decay * w, as optax and Keras do (its default "
+                  "1.0 is TF Addons' decay)" if kind == "weight_decay" else "")
         return (f" ({word} is a transform of its own here: a [[transforms]] table with "
-                f"kind = \"{kind}\" {where} this one)")
+                f"kind = \"{kind}\" {where} this one{scaled})")
     if word in _OTHER_CLASSES and _OTHER_CLASSES[word][0] in names:
         return f" ({word} is {_OTHER_CLASSES[word][1]} here)"
     # 'cosinedecay': 'CosineDecay'; 'ProximalAdagrad': 'proximal_adagrad'
@@ -151,3 +181,17 @@ def _edits(a: str, b: str) -> int:
                 row[j] = min(row[j], rows[-2][j - 2] + 1)
         rows.append(row)
     return rows[-1][-1]
+
+
+def _optax_mask(names: list[str]) -> str:
+    """optax's ``mask`` marks the parameters a decay applies to."""
+    if "exclude_from_weight_decay" in names:
+        return (" (optax's mask lists the parameters to decay; exclude_from_weight_decay "
+                "lists, as regular expressions, those NOT to decay: the opposite)")
+    if "weight_decay" in names and "variables" in names:
+        return (" (optax's mask is variables = [\"regex\", ...] here: the variables this "
+                "table decays)")
+    if "variables" in names:
+        return (" (optax's mask belongs on the weight_decay table after the rule, as its "
+                "variables = [\"regex\", ...])")
+    return ""

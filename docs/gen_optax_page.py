@@ -189,7 +189,9 @@ clip(max_delta) | clip_by_value clip_value_min=-0.5 clip_value_max=0.5 | for `ma
 chain(add_decayed_weights(wd), scale_by_...) | l2 l2=1e-4 | before the rule, into the gradient
 chain(scale_by_..., add_decayed_weights(wd), scale_by_learning_rate(lr)) | weight_decay
   weight_decay=1e-4 learning_rate=1e-3 | after the rule, `learning_rate` the rule's
-masked(inner, mask) | weight_decay weight_decay=1e-4 exclude=['bias'] | `variables` or `exclude`
+masked(inner, mask) | weight_decay weight_decay=1e-4 exclude=['bias'] | `variables` or `exclude`:
+  regular expressions over variable paths, so a mask by shape (`p.ndim > 1`) names the layers'
+  `kernel`s instead
 partition(...), multi_transform(...) | adam variables=['head/'] | a rule for each group, with its
   `variables`; `[pipeline] freeze = [regex, ...]` for a group optax sets to zero
 MultiSteps(opt, every_k_schedule=4) | [pipeline] accumulation_steps=4 | the mean of the 4
@@ -311,8 +313,9 @@ Any float key takes a schedule table (`learning_rate = {{ kind = ... }}`), or `"
 `[schedules.name]` table (see [Schedules](schedules.md)). Like optax's `count`, the step starts at 0
 and counts applied updates. Each example gives the value optax {version} recorded at every step
 from 0 to 119, within 3e-6 relative (tested). `warmup_cosine_decay_schedule`'s `decay_steps`
-counts the warm-up, `cosine`'s does not; `piecewise_constant_schedule` scales from each boundary on,
-`PiecewiseConstantDecay` from the step after: its boundaries are one less.
+counts the warm-up, `cosine`'s does not, and its `exponent` has no key (1 only);
+`piecewise_constant_schedule` scales from each boundary on, `PiecewiseConstantDecay` from the step
+after: its boundaries are one less.
 
 {schedules}
 

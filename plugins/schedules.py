@@ -110,7 +110,8 @@ class CosineConfig:
 
     Attributes:
         learning_rate: the peak value, reached at ``warmup_steps``.
-        decay_steps: length of the cosine decay after the warm-up.
+        decay_steps: length of the cosine decay after the warm-up (optax's
+            ``warmup_cosine_decay_schedule`` counts the warm-up in its ``decay_steps``).
         warmup_steps: length of the linear warm-up.
         warmup_init: the value at step 0.
         min_lr: the floor, in learning-rate units, reached after the decay.

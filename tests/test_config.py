@@ -149,9 +149,20 @@ class TestErrors:
         ({"kind": "sgd", "layers": ["dense_1"]}, "layers", "did you mean 'variables'?"),
         ({"kind": "lion", "weight_decay": 1e-3}, "weight_decay", "weight_decay is a "
          'transform of its own here: a [[transforms]] table with kind = "weight_decay" '
-         "after this one"),
+         'after this one; set its learning_rate to this rule\'s ("@lr" for a schedule) to '
+         "decay by learning_rate * weight_decay * w, as optax and Keras do"),
         ({"kind": "adam", "global_clipnorm": 1.0}, "global_clipnorm", 'kind = '
          '"clip_by_global_norm" before this one'),
+        # optax's mask marks what is decayed: the opposite of exclude_from_weight_decay
+        ({"kind": "nadamw", "mask": ["kernel"]}, "mask", "optax's mask lists the parameters "
+         "to decay; exclude_from_weight_decay lists, as regular expressions, those NOT to "
+         "decay: the opposite"),
+        ({"kind": "lion", "mask": ["kernel"]}, "mask", "optax's mask belongs on the "
+         "weight_decay table after the rule"),
+        ({"kind": "weight_decay", "weight_decay": 0.1, "mask": ["kernel"]}, "mask",
+         "optax's mask is variables = [\"regex\", ...] here"),
+        ({"kind": "clip_by_global_norm", "max_norm": 1.0}, "max_norm",
+         "did you mean 'clip_norm'? optax's max_norm"),
     ])
     def test_unknown_keys_point_to_what_selects_variables_or_is_a_transform(
             self, table, key, hint):
@@ -191,6 +202,22 @@ class TestErrors:
         with pytest.raises(ConfigError) as info:
             gradpipe.parse({"transforms": [{"kind": kind}]})
         assert hint in problems(info.value)["transforms[0].kind"][1]
+
+    @pytest.mark.parametrize("schedule, key, hint", [
+        ({"kind": "warmup_cosine_decay_schedule"}, "kind", 'optax\'s '
+         'warmup_cosine_decay_schedule is kind = "cosine", whose decay_steps excludes the '
+         "warm-up"),
+        ({"kind": "exponential_decay"}, "kind", 'optax\'s exponential_decay is kind = '
+         '"exp_decay"'),
+        ({"kind": "cosine", "learning_rate": 0.1, "decay_steps": 9, "end_value": 0.0},
+         "end_value", "did you mean 'min_lr'? optax's end_value"),
+        ({"kind": "cosine", "peak_value": 0.1, "decay_steps": 9}, "peak_value",
+         "did you mean 'learning_rate'? optax's peak_value"),
+    ])
+    def test_optax_schedule_names_point_to_gradpipe_s(self, schedule, key, hint):
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse({"transforms": [{"kind": "sgd", "learning_rate": schedule}]})
+        assert hint in problems(info.value)[f"transforms[0].learning_rate.{key}"][1]
 
     def test_enum_suggestion(self):
         with pytest.raises(ConfigError, match="did you mean 'mean'"):

@@ -595,7 +595,8 @@ def test_tfa_model_overlapping_groups_are_an_error_naming_both_rules():
     with pytest.raises(ConfigError, match=re.escape(
             'transforms[1].variables: last is selected by two update rules, adam at '
             'transforms[0] and sgd at transforms[1] (variables = ["last"]): the second '
-            "would take the first one's step as its gradient. Give each variable one rule")):
+            "would take the first one's step as its gradient. Give each variable one rule: "
+            'add exclude = ["last"] to adam at transforms[0], or narrow the patterns')):
         pipe.build(variables)
     assert [v.numpy()[0] for v in variables] == [1.0, 1.0]
     # the natural port of two layers' groups: "dense" also matches dense_1
@@ -603,7 +604,8 @@ def test_tfa_model_overlapping_groups_are_an_error_naming_both_rules():
     with pytest.raises(ConfigError, match=re.escape(
             'transforms[0].variables: dense_1/kernel is selected by two update rules, adam '
             'at transforms[0] (variables = ["dense"]) and sgd at transforms[1] (variables = '
-            '["dense_1"])')):
+            '["dense_1"]): the second would take the first one\'s step as its gradient. '
+            "Give each variable one rule: narrow the patterns")):
         gradpipe.build({"transforms": [{"kind": "adam", "variables": ["dense"]},
                                        {"kind": "sgd", "variables": ["dense_1"]}]}
                        ).build(dense)

@@ -105,12 +105,17 @@ def check_one_rule_each(spec: PipelineSpec, paths: list[str], masks: list[list[b
                                                if len(both) > 4 else "")
                 named = first if _selecting(first) else second
                 key = "variables" if named.extra.get("variables") else "exclude"
+                every = second if named is first else first  # or None: both select
+                fix = (f"add exclude = {_toml_list(named.extra['variables'])} to "
+                       f"{every.name} at {every.path}, or narrow the patterns"
+                       if not _selecting(every) and named.extra.get("variables")
+                       else "narrow the patterns")
                 problems.append(spec.problem_at(
                     f"{named.path}.{key}",
                     f"{shown} {'are' if len(both) > 1 else 'is'} selected by two update "
                     f"rules, {_described(first)} and {_described(second)}: the second "
-                    "would take the first one's step as its gradient. Give each variable "
-                    "one rule: narrow the patterns (a pattern is searched in the path, so "
+                    f"would take the first one's step as its gradient. Give each variable "
+                    f"one rule: {fix} (a pattern is searched in the path, so "
                     '"dense/" matches dense/kernel but not dense_1/kernel)'))
     if problems:
         raise ConfigError(problems)
