@@ -17,8 +17,8 @@ from typing import Any
 
 import attrs
 
-from .errors import did_you_mean
 from .fields import config_class_problems
+from .hints import did_you_mean
 
 #: Class attributes earlier versions read from config classes.
 RETIRED = ("update_rule", "after_update_rule", "gradient_clipping", "conflicts",

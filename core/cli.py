@@ -129,7 +129,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     full = args.traceback or env_flag("GRADPIPE_PLUGIN_TRACEBACKS")
     records = [r for r in registry.plugins if args.all or not r.builtin]
     if args.hook:
-        from .errors import did_you_mean
+        from .hints import did_you_mean
 
         if args.hook not in KIND_HOOKS.values():
             raise GradpipeError(f"unknown hook {args.hook!r}"

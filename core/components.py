@@ -71,7 +71,7 @@ def component_spec(kind: str, table: Mapping[str, Any], *,
     from .toml_source import as_toml_values
 
     if kind not in KIND_HOOKS:
-        from .errors import did_you_mean
+        from .hints import did_you_mean
 
         raise ConfigError(f"unknown component kind {kind!r}{did_you_mean(kind, KIND_HOOKS)};"
                           f" expected one of {', '.join(KIND_HOOKS)}")

@@ -17,7 +17,7 @@ import attrs
 
 from .config_rules import Collector as _Collector
 from .config_rules import Link, check_chain, check_lock, check_requirements
-from .errors import ConfigError, PluginError, Problem, did_you_mean
+from .errors import ConfigError, PluginError, Problem
 from .fields import (
     HYPER,
     SCHEDULE,
@@ -29,6 +29,7 @@ from .fields import (
     valid_patterns,
 )
 from .fields import type_name as _type_name
+from .hints import did_you_mean
 from .registry import Registry, get_registry
 from .spec import ComponentSpec, GradpipeSection, PipelineOptions, PipelineSpec
 from .toml_source import as_toml_values

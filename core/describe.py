@@ -17,7 +17,8 @@ from typing import Any
 
 from .config_rows import field_rows, first_paragraph, summary
 from .entry_points import BUILTIN_DIST, KIND_HOOKS
-from .errors import GradpipeError, did_you_mean
+from .errors import GradpipeError
+from .hints import did_you_mean
 
 #: Where a component of each kind goes in a pipeline file.
 TOML_TABLES = {

@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from .errors import did_you_mean
+from .hints import did_you_mean
 from .validators import (  # noqa: F401 (re-exported: gradpipe.fields.positive etc.)
     Check,
     at_least,

@@ -24,7 +24,8 @@ import attrs
 import tomllib
 
 from .config import parse_mapping
-from .errors import ConfigError, Problem, did_you_mean
+from .errors import ConfigError, Problem
+from .hints import did_you_mean
 from .spec import PipelineSpec
 from .toml_source import read_file
 

@@ -17,7 +17,7 @@ import attrs
 
 from .capabilities import Capabilities
 from .entry_points import BUILTIN_DIST, KIND_HOOKS
-from .errors import did_you_mean
+from .hints import did_you_mean
 
 
 @attrs.frozen(kw_only=True)

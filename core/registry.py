@@ -26,7 +26,8 @@ from .entry_points import (
     env_list,
     iter_entry_points,
 )
-from .errors import PluginError, did_you_mean
+from .errors import PluginError
+from .hints import did_you_mean
 from .plugin_records import Component, PluginRecord, Provider, failure, hook_hint
 
 

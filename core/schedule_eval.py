@@ -8,8 +8,9 @@ from typing import Any
 import attrs
 
 from .components import build_component
-from .errors import ConfigError, GradpipeError, did_you_mean
+from .errors import ConfigError, GradpipeError
 from .fields import HYPER, ScheduleRef
+from .hints import did_you_mean
 from .spec import ComponentSpec, PipelineSpec
 
 

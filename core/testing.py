@@ -30,7 +30,8 @@ from ._contract_paths import (
     probe_variables,
 )
 from .entry_points import index_problems
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError
+from .hints import did_you_mean
 from .hookspecs import PROJECT_NAME
 from .registry import get_registry
 

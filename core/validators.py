@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .errors import did_you_mean
+from .hints import did_you_mean
 
 
 class Check:

@@ -1,0 +1,135 @@
+"""Did-you-mean hints for a name gradpipe does not know.
+
+A near miss gets the closest known name (``adma``: ``adam``). A name that
+another library uses gets what gradpipe calls it, or why it is not one key:
+Keras's and optax's argument names, optax's schedules, TF Addons' classes,
+OpenSeq2Seq's keys, and options that are a transform of their own here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+# Keys as optax (and PyTorch) name them, where gradpipe keeps Keras's names
+_OTHER_NAMES = {"b1": "beta_1", "b2": "beta_2", "b3": "beta_3", "eps": "epsilon",
+                "eps_root": "epsilon_root", "lr": "learning_rate", "key": "seed"}
+# optax's schedule and clipping arguments: the first of gradpipe's keys the table has
+_OPTAX_NAMES = {"peak_value": ("learning_rate",),
+                "init_value": ("warmup_init", "start", "init_value", "learning_rate",
+                               "initial_learning_rate"),
+                "end_value": ("min_lr", "end"), "transition_steps": ("decay_steps", "steps"),
+                "transition_begin": ("begin_decay_at", "begin"), "max_norm": ("clip_norm",),
+                "max_delta": ("clip_value_max",)}
+# optax's schedules whose gradpipe kind is another name: the kind, and what differs
+_OPTAX_SCHEDULES = {
+    "warmup_cosine_decay_schedule": ("cosine", "whose decay_steps excludes the warm-up"),
+    "cosine_decay_schedule": ("CosineDecay", ""),
+    "linear_schedule": ("linear", ""),
+    "polynomial_schedule": ("poly_decay", ""),
+    "exponential_decay": ("exp_decay", ""),
+    "piecewise_constant_schedule": ("PiecewiseConstantDecay",
+                                    "whose boundaries are one step earlier"),
+    "join_schedules": ("sequence", ""),
+    "warmup_exponential_decay_schedule": ("warmup", "with an ExponentialDecay after it"),
+}
+
+# OpenSeq2Seq's keys that gradpipe names otherwise (and larc_params' larc_ prefix)
+_OPENSEQ2SEQ_NAMES = {"iter_size": "accumulation_steps"}
+# How other libraries choose a rule's variables (TF Addons' MultiOptimizer takes layers)
+_SELECTING = ("variable", "var_list", "layers", "layer", "decay_var_list")
+# Options of other libraries' optimizers that are a transform of their own here
+_OWN_TRANSFORM = {"weight_decay": ("weight_decay", "after"),
+                  "clipnorm": ("clip_by_norm", "before"),
+                  "global_clipnorm": ("clip_by_global_norm", "before"),
+                  "clipvalue": ("clip_by_value", "before")}
+# Optimizer classes of TF Addons and Keras whose gradpipe chain is not their name
+_OTHER_CLASSES = {
+    "RectifiedAdam": ("radam", "'radam'"),
+    "LazyAdam": ("adam", "'adam' with lazy = true"),
+    "SGDW": ("sgd", "'sgd', then a 'weight_decay' transform"),
+    "MultiOptimizer": ("adam", "one update rule per variable group, each with "
+                               "variables = [\"regex\", ...]"),
+    "extend_with_decoupled_weight_decay": ("weight_decay",
+                                           "any rule, then a 'weight_decay' transform"),
+}
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """A ``" (did you mean 'x'?)"`` suffix, or ``""`` when nothing is close."""
+    import difflib
+
+    names = sorted(set(choices))
+    elsewhere = _named_elsewhere(word, names)
+    if elsewhere is not None:
+        return elsewhere
+    # 'cosinedecay': 'CosineDecay'; 'ProximalAdagrad': 'proximal_adagrad'
+    same = [c for c in names if c.lower().replace("_", "") == word.lower().replace("_", "")]
+    if same:
+        return f" (did you mean {same[0]!r}?)"
+    close = difflib.get_close_matches(word, names, n=5, cutoff=0.6)
+    # Of the similar names, the fewest edits (a swap of two letters is one): 'adma'
+    # is 'adam', though 'adamax' shares more letters with it.
+    best = min(close, key=lambda c: _edits(word, c), default=None)
+    return f" (did you mean {best!r}?)" if best else ""
+
+
+def _named_elsewhere(word: str, names: list[str]) -> str | None:
+    """The hint for a name another library uses (Keras, optax, TF Addons,
+    OpenSeq2Seq), where difflib would find nothing or the wrong thing."""
+    if _OTHER_NAMES.get(word) in names:  # 'b1' is nothing like 'beta_1' to difflib
+        return f" (did you mean {_OTHER_NAMES[word]!r}? gradpipe keeps Keras's names)"
+    if word in _OPTAX_NAMES:
+        ours = next((n for n in _OPTAX_NAMES[word] if n in names), None)
+        if ours:
+            return f" (did you mean {ours!r}? optax's {word})"
+    if word == "mask":
+        return _optax_mask(names) or None
+    if word in _OPTAX_SCHEDULES and _OPTAX_SCHEDULES[word][0] in names:
+        kind, differs = _OPTAX_SCHEDULES[word]
+        return (f" (optax's {word} is kind = \"{kind}\"{', ' + differs if differs else ''}:"
+                " see docs/coming-from-optax.md)")
+    if _OPENSEQ2SEQ_NAMES.get(word) in names:
+        return f" (did you mean {_OPENSEQ2SEQ_NAMES[word]!r}? OpenSeq2Seq's {word})"
+    if word.startswith("larc_") and word[5:] in names:  # OpenSeq2Seq's larc_eta: eta
+        return f" (did you mean {word[5:]!r}?)"
+    if word in _SELECTING and "variables" in names:
+        return (" (did you mean 'variables'? regular expressions matched against variable "
+                "paths, such as [\"dense_1/\"])")
+    if word in _OWN_TRANSFORM and "variables" in names:  # a transform's table
+        kind, where = _OWN_TRANSFORM[word]
+        scaled = ("; set its learning_rate to this rule's (\"@lr\" for a schedule) to decay "
+                  "by learning_rate * weight_decay * w, as optax and Keras do (its default "
+                  "1.0 is TF Addons' decay)" if kind == "weight_decay" else "")
+        return (f" ({word} is a transform of its own here: a [[transforms]] table with "
+                f"kind = \"{kind}\" {where} this one{scaled})")
+    if word in _OTHER_CLASSES and _OTHER_CLASSES[word][0] in names:
+        return f" ({word} is {_OTHER_CLASSES[word][1]} here)"
+    return None
+
+
+def _edits(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of neighbours from ``a`` to ``b``."""
+    rows = [list(range(len(b) + 1))]
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(rows[-1][j] + 1, row[j - 1] + 1,
+                         rows[-1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], rows[-2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
+
+
+def _optax_mask(names: list[str]) -> str:
+    """optax's ``mask`` marks the parameters a decay applies to."""
+    if "exclude_from_weight_decay" in names:
+        return (" (optax's mask lists the parameters to decay; exclude_from_weight_decay "
+                "lists, as regular expressions, those NOT to decay: the opposite)")
+    if "weight_decay" in names and "variables" in names:
+        return (" (optax's mask is variables = [\"regex\", ...] here: the variables this "
+                "table decays)")
+    if "variables" in names:
+        return (" (optax's mask belongs on the weight_decay table after the rule, as its "
+                "variables = [\"regex\", ...])")
+    return ""
