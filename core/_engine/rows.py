@@ -126,8 +126,8 @@ def describe_rows(step: Any, packed: bool) -> tuple[bool, str]:
              + (f" and {len(by_rows) - 4} more" if len(by_rows) > 4 else "") + ")")
     text = (f"{which}, {lookup} updates only the rows it touches, on the plain step "
             f"(by {keeping})")
-    return True, text + (f"; for the others {densifying} makes it dense" if densifying
-                         else "")
+    return True, text + (f"; the others would get a sparse gradient made dense, by "
+                         f"{densifying}" if densifying else "")
 
 
 def _first_to_densify(step: Any, sparse: set[int]) -> dict[int, int | None]:
