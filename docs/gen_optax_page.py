@@ -45,7 +45,8 @@ b2^t)`), which tells only where a gradient is near `epsilon`. optax's AMSGrad: `
 = 0`. (gradpipe's `adamax` is Keras's.)
 [adamw] Keras's `AdamW`: optax's decay, `lr * weight_decay * w`, and `adam`'s `epsilon`. An
 element that starts at its minimum has only the decay's gradient (2e-5 at `weight_decay = 1e-4`),
-near `epsilon`, where its two places tell: 2.2e-3 apart after 12 steps.
+near `epsilon`, where its two places tell: 2.2e-3 apart after 12 steps. optax's `adamw` exactly is
+`nadamw` with `nesterov = false`.
 [lamb] Keras's `Lamb`. optax decays inside the trust ratio, a `weight_decay` table after `lamb`
 outside it (0.71 apart at decay 0.1).
 [lars] optax's composition.
@@ -103,6 +104,21 @@ def _calls(alias: str, cases: list[dict[str, Any]]) -> str:
                         for c in cases)
 
 
+def _inline(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_inline(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_inline(v) for v in value) + "]"
+    return tomli_w.dumps({"v": value})[4:].strip()
+
+
+def _written(chain: list[dict[str, Any]], shown: list[dict[str, Any]]) -> str:
+    """"as above", or the tested chain where its kinds are not the table's."""
+    if [t["kind"] for t in chain] == [t["kind"] for t in shown]:
+        return "as above"
+    return "as " + " + ".join(f"`{_inline(t)}`" for t in chain)
+
+
 def entry(alias: str, arguments: str, chain: str, keys: dict[str, str] | None = None) -> Entry:
     """Each argument is the first table's key of its (Keras's) name unless ``keys`` says; for
     a rule that follows optax (``chain`` is the alias), optax's recorded defaults come first."""
@@ -110,14 +126,15 @@ def entry(alias: str, arguments: str, chain: str, keys: dict[str, str] | None = 
     cases = [c["kwargs"] for c in GOLDEN["cases"].values() if golden and c["alias"] == alias]
     tested = cases and (f"Twelve steps of {_calls(alias, cases)} match optax's own within rtol "
                         f"{'1e-5' if alias == 'fromage' else '2e-6'}.")
+    transforms = tables(chain)
     mapped = [c for c in GOLDEN["mapped"].values() if c["alias"] == alias]
     if mapped:
-        tested = " ".join(f"Twelve steps of {_calls(alias, [c['kwargs']])} written as above "
-                          f"match optax's own within rtol {c['tolerance'][0]:g}, atol "
-                          f"{c['tolerance'][1]:g}." for c in mapped)
+        tested = " ".join(f"Twelve steps of {_calls(alias, [c['kwargs']])} written "
+                          f"{_written(c['transforms'], transforms)} match optax's own within "
+                          f"rtol {c['tolerance'][0]:g}, atol {c['tolerance'][1]:g}."
+                          for c in mapped)
     args = {"learning_rate": REQUIRED, **(GOLDEN["defaults"][alias] if golden else {}),
             **values(arguments)}
-    transforms = tables(chain)
     auto = {a: DTYPE if a.endswith("_dtype") else f"{transforms[0]['kind']}.{KEYS.get(a, a)}"
             + (MASK if a == "mask" else "") for a in args}
     return Entry(alias, args, transforms, auto | (keys or {}),
@@ -129,7 +146,7 @@ OPTIMIZERS = sorted([
                                 "radam", "rprop", "sign_sgd", "sm3", "yogi")),
     *(entry(a, extra, a) for a, extra in (("adamaxw", "mask=None"), ("adan", "mask=None"), (
         "amsgrad", "mu_dtype=None"), ("signum", "accumulator_dtype=None"))),
-    entry("nadamw", "mask=None mu_dtype=None", "nadamw", {"nesterov": "always (`false`: `adamw`)"}),
+    entry("nadamw", "mask=None mu_dtype=None", "nadamw"),
     entry("noisy_sgd", "key=None", "noisy_sgd", {"key": "noisy_sgd.seed=0 (optax's `None`: 0)"}),
     entry("adadelta", "learning_rate=None rho=0.9 eps=1e-6 weight_decay=0.0 weight_decay_mask=None",
           "adadelta rho=0.9 epsilon=1e-6", {"weight_decay": "l2.l2 (a table before the rule)",
@@ -152,7 +169,8 @@ OPTIMIZERS = sorted([
                                                                   "eps_root": NO}),
     entry("adamax", "b1=0.9 b2=0.999 eps=1e-8", "adamaxw weight_decay=0.0"),
     entry("adamw", ADAM + " weight_decay=1e-4 mask=None nesterov=False", "adamw epsilon=1e-8 "
-          "weight_decay=1e-4", {"eps_root": NO, "nesterov": "- see `nadamw`"}),
+          "weight_decay=1e-4", {"eps_root": NO, "nesterov": "`nadamw`'s `nesterov` (`false`: "
+                                "optax's `adamw` exactly)"}),
     entry("lamb", "b1=0.9 b2=0.999 eps=1e-6 eps_root=0.0 weight_decay=0.0 mask=None",
           "lamb epsilon=1e-6", {"eps_root": NO, "mask": "- with `weight_decay` only",
                                 "weight_decay": "- decay inside the trust ratio (below)"}),
@@ -207,14 +225,6 @@ scale_by_schedule(fn), inject_hyperparams(...) | - | every float key takes a sch
 def _text(value: Any) -> str:
     return "required" if value is REQUIRED else (
         f"`{str(value).lower() if isinstance(value, bool) else value}`")
-
-
-def _inline(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_inline(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, list):
-        return "[" + ", ".join(_inline(v) for v in value) + "]"
-    return tomli_w.dumps({"v": value})[4:].strip()
 
 
 def _key_text(target: str, theirs: Any) -> str:

@@ -31,11 +31,15 @@ class NAdamWConfig(DecayedMomentsConfig):
 
     Attributes:
         epsilon_root: added to the second moment under the root (``eps_root``).
+        nesterov: Nesterov's first moment; ``false`` is optax's ``adamw`` exactly
+            (optax's ``nadamw`` is its ``adamw(nesterov=True)``; gradpipe's
+            ``adamw`` is Keras's, whose ``epsilon`` comes before the bias correction).
     """
 
     example: ClassVar[dict] = {"learning_rate": 0.05}
 
     epsilon_root: float = attrs.field(default=0.0, validator=non_negative())
+    nesterov: bool = True
 
 
 def nadamw(cfg: NAdamWConfig) -> Transform:
@@ -50,7 +54,7 @@ def nadamw(cfg: NAdamWConfig) -> Transform:
     def direction(g: Any, slots: Any, count: Any) -> Any:
         import tensorflow as tf
 
-        m_hat = first_moment(slots[0], g, beta_1, count, nesterov=True)
+        m_hat = first_moment(slots[0], g, beta_1, count, nesterov=cfg.nesterov)
         v_hat = debiased(slots[1], correction(beta_2, count))
         return m_hat / (tf.sqrt(v_hat + cfg.epsilon_root) + cfg.epsilon)
 

@@ -57,6 +57,7 @@ def _schedule(end: float) -> dict:
     ("adamaxw", {"epsilon": 1e-20}, False),  # 3.7e40 before the rate of 0.001
     ("adamaxw", {"beta_1": "@lr"}, False),
     ("nadamw", {"weight_decay": 0.0, "learning_rate": "@lr"}, True),
+    ("nadamw", {"nesterov": False}, True),  # optax's adamw: m_hat within the same bound
     ("nadamw", {"beta_2": 0.99999999}, False),  # 1.0 in float32: v_hat is 0 / 0
     ("nadamw", {"epsilon": 1e-50}, False),
     ("radam", {}, True),

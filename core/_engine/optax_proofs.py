@@ -18,7 +18,8 @@ within that too. The weights' norm is read only where a weight decays.
   2 / (1 - beta_1) * 2**64 / epsilon``.
 * ``nadamw`` with constant betas below 1 in float32 and ``epsilon`` a normal
   float32: Nesterov's ``m_hat = beta_1 m / (1 - beta_1**(t+1)) + (1 - beta_1) g
-  / (1 - beta_1**t)`` stays within ``2**64 / (1 - beta_1)``, its denominator
+  / (1 - beta_1**t)`` stays within ``2**64 / (1 - beta_1)`` (without Nesterov,
+  ``m / (1 - beta_1**t)``, within the same), its denominator
   ``sqrt(v_hat + epsilon_root) + epsilon`` is at least ``epsilon`` (an
   overflowing ``v_hat`` gives 0), so ``K = 4 / (1 - beta_1) * 2**64 /
   epsilon`` (twice for rounding).

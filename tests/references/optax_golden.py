@@ -77,6 +77,9 @@ MAPPED = {
     "adamw_at_a_minimum": ("adamw", {"learning_rate": 0.1}, [
         {"kind": "adamw", "learning_rate": 0.1, "epsilon": 1e-8, "weight_decay": 1e-4}],
         (1e-5, 3e-3)),
+    # optax's adamw exactly: its epsilon after the bias correction, as nadamw's
+    "adamw_exact_at_a_minimum": ("adamw", {"learning_rate": 0.1}, [
+        {"kind": "nadamw", "learning_rate": 0.1, "nesterov": False}], (2e-6, 3e-7)),
     "adagrad": ("adagrad", {"learning_rate": 0.1}, [{"kind": "adagrad", "learning_rate": 0.1}],
                 (2e-6, 3e-7)),
     "rmsprop": ("rmsprop", {"learning_rate": 0.01}, [
