@@ -58,6 +58,10 @@ def find_component(registry: Any, name: str, kind: str | None = None) -> Any:
         message = registry.unknown_message(k, bare, dist)
         if message.startswith(f"{k} {bare!r} comes from plugin"):
             raise GradpipeError(message)
+    if bare in ("pipeline", "gradpipe"):  # a section of the file, not a component
+        raise GradpipeError(f"[{bare}] is a table of the pipeline file, not a component: "
+                            "`gradpipe check FILE` prints it with every default filled in, "
+                            "and docs/user-guide.md says what each key does")
     owners = {n: k for k in KIND_HOOKS for n in registry.names(k)}
     hint = did_you_mean(bare, owners)
     if hint:

@@ -121,6 +121,22 @@ def is_parameter_server(strategy: Any) -> bool:
     return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
 
 
+def in_its_scope(strategy: Any) -> Any:
+    """``strategy.scope()``, or a PlacementError where another strategy's scope is
+    open: a pipeline made outside a strategy's scope and built inside it (TensorFlow
+    says only "Must not nest tf.distribute.Strategy scopes")."""
+    import tensorflow as tf
+
+    current = tf.distribute.get_strategy()
+    if tf.distribute.has_strategy() and current is not strategy:
+        raise PlacementError(
+            f"this pipeline was made for {type(strategy).__name__} (the strategy in "
+            f"force when it was made) but is built in {type(current).__name__}'s scope: "
+            "make the pipeline (gradpipe.build or gradpipe.load, and keras_optimizer()) "
+            "inside `with strategy.scope():`, as Keras asks of its own optimizers")
+    return strategy.scope()
+
+
 def build_eagerly_once(build: Callable[[], None]) -> None:
     """Run ``build`` (which creates state variables) eagerly, never inside a trace;
     from inside ``strategy.run``, once for all replicas, in the cross-replica context

@@ -136,6 +136,10 @@ def test_unknown_name_suggests_a_near_one_without_a_traceback():
     assert "unknown component 'adamm'" in result.stderr
     assert "did you mean 'adam', a transform?" in result.stderr
     assert "Traceback" not in result.stderr
+    section = gradpipe_cli("describe", "pipeline")  # a table of the file, not a component
+    assert section.returncode == 1
+    assert "[pipeline] is a table of the pipeline file, not a component: `gradpipe check " \
+           "FILE` prints it with every default filled in" in section.stderr
 
 
 def test_json_is_machine_readable():

@@ -161,6 +161,23 @@ def test_first_apply_inside_strategy_run_builds_the_pipeline(replicas, reduction
     assert lazy.layout()["slots/1_adam/mu/Variable"] == [3, 1]
 
 
+def test_a_pipeline_made_outside_a_strategy_scope_says_so_when_built_inside():
+    """Made outside the scope, built inside it: TensorFlow's "Must not nest
+    tf.distribute.Strategy scopes" becomes an error that says where to make it, and
+    nothing is created."""
+    from gradpipe.errors import PlacementError
+
+    pipe = gradpipe.build({"transforms": [{"kind": "adam"}]})
+    strategy = tf.distribute.MirroredStrategy(CPUS[:2])
+    with strategy.scope():
+        w = tf.Variable([1.0, 2.0])
+        with pytest.raises(PlacementError, match=r"this pipeline was made for _DefaultDistri"
+                           r"butionStrategy .* but is built in MirroredStrategy's scope: "
+                           r"make the pipeline .* inside `with strategy.scope\(\):`"):
+            pipe.build([w])
+    assert not [name for name in pipe.named_variables() if name.startswith("slots/")]
+
+
 def test_mirrored_pipeline_equals_single_device_on_the_whole_batch():
     """clip + dynamic scale + adam on 2 replicas == 1 device on the concatenated batch."""
     x, y = linear_problem()

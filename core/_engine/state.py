@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import tensorflow as tf
 
-from ..distribute import is_parameter_server
+from ..distribute import in_its_scope, is_parameter_server
 from ..errors import GradpipeError
 from ..names import leaf_names, matched_layout
 from ..spec import PipelineSpec
@@ -130,7 +130,7 @@ class StateStore(tf.Module):
                     else contextlib.nullcontext())
         self._model_vars.items = list(variables)
         self.masks, self.frozen = masks, frozen
-        with strategy.scope():
+        with in_its_scope(strategy):
             # OpenSeq2Seq MixedPrecisionOptimizerWrapper: half-precision variables get
             # float32 master copies; the update runs on the master and is cast back.
             compute = []
