@@ -9,7 +9,6 @@ nothing in it is ever imported or evaluated.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +31,7 @@ from .fields import type_name as _type_name
 from .hints import did_you_mean
 from .registry import Registry, get_registry
 from .spec import ComponentSpec, GradpipeSection, PipelineOptions, PipelineSpec
-from .toml_source import as_toml_values
+from .toml_source import as_toml_values, toml_value
 
 SECTIONS = ("gradpipe", "placement", "loss_scale", "schedules", "pipeline",
             "transforms", "convergence", "problem", "lock")
@@ -290,20 +289,10 @@ def _schedule_object(value: Any) -> str:
     name = type(value).__name__
     try:
         config = {k: v for k, v in value.get_config().items() if v is not None}
-        items = ", ".join(f"{k} = {_inline(v)}" for k, v in as_toml_values(config).items())
+        items = ", ".join(f"{k} = {toml_value(v)}" for k, v in as_toml_values(config).items())
     except Exception:  # a hint only: the error stands without it
         items = "..."
     return (f"is a schedule object ({name}); a pipeline table holds TOML values: write it "
             f"as a table of the kind named after its class, {{kind = \"{name}\", {items}}} "
             "(see docs/schedules.md), or give the whole Keras optimizer to "
             "gradpipe.from_keras")
-
-
-def _inline(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(map(_inline, value)) + "]"
-    return repr(value)

@@ -19,6 +19,7 @@ from .config_rows import field_rows, first_paragraph, summary
 from .entry_points import BUILTIN_DIST, KIND_HOOKS
 from .errors import GradpipeError
 from .hints import did_you_mean
+from .toml_source import toml_key, toml_value
 
 #: Where a component of each kind goes in a pipeline file.
 TOML_TABLES = {
@@ -117,26 +118,8 @@ def describe(comp: Any, registry: Any = None) -> dict[str, Any]:
 def example_toml(kind: str, table: Mapping[str, Any]) -> str:
     """``table`` as the TOML of a pipeline file's table for a component of ``kind``."""
     lines = [TOML_TABLES[kind]]
-    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
+    lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"
-
-
-def _toml_key(key: str) -> str:
-    bare = key.replace("_", "").replace("-", "").isalnum() and key.isascii()
-    return key if bare else json.dumps(key)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, Mapping):  # an inline table (a schedule given in place)
-        return "{ " + ", ".join(f"{_toml_key(str(k))} = {_toml_value(v)}"
-                                for k, v in value.items()) + " }"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))  # a TOML basic string
 
 
 def _jsonable(value: Any) -> Any:

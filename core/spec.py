@@ -20,9 +20,9 @@ from .fields import (
     ScheduleRef,
     at_least,
     in_range,
-    one_of,
     variable_patterns,
 )
+from .hints import did_you_mean
 from .toml_source import line_for
 
 SCHEMA_VERSION = 1
@@ -141,12 +141,9 @@ class PipelineOptions:
 
     @summaries.validator
     def _summaries(self, attribute: Any, value: tuple[str, ...]) -> None:
-        wrong = []  # every unknown name at once, not the first alone
-        for name in value:
-            try:
-                one_of(*SUMMARIES)(None, attribute, name)
-            except ValueError as exc:
-                wrong.append(f"{name!r}{str(exc).partition(repr(name))[2]}")
+        # every unknown name at once, not the first alone
+        wrong = [f"{name!r}{did_you_mean(name, SUMMARIES)}" for name in value
+                 if name not in SUMMARIES]
         if wrong:
             raise ValueError(f"must name summaries among {', '.join(map(repr, SUMMARIES))}; "
                              f"unknown: {', '.join(wrong)}")

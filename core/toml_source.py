@@ -1,5 +1,6 @@
-"""Reading a pipeline file: its TOML, and the line of every key; and a table
-written in Python, made of the values TOML has.
+"""Reading a pipeline file: its TOML, and the line of every key; a table
+written in Python, made of the values TOML has; and a key or a value written
+back as TOML, for the messages and descriptions that show one.
 
 ``tomllib`` keeps no positions, so :func:`line_map` finds them with a light
 scan of the text; :func:`line_for` gives a key path's line, or its nearest
@@ -8,6 +9,7 @@ enclosing key's, for every problem :mod:`gradpipe.config` reports.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Mapping
@@ -116,3 +118,24 @@ def as_toml_values(value: Any) -> Any:
         kind = getattr(getattr(value, "dtype", None), "kind", "")
         return float(str(value)) if kind == "f" else value.item()
     return value
+
+
+def toml_key(key: str) -> str:
+    """``key`` as a TOML key: bare where it may be, else quoted."""
+    bare = key.replace("_", "").replace("-", "").isalnum() and key.isascii()
+    return key if bare else json.dumps(key)
+
+
+def toml_value(value: Any) -> str:
+    """A plain value as TOML writes it inline: a boolean, a number, a string, an
+    array or an inline table."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, Mapping):  # an inline table (a schedule given in place)
+        return "{ " + ", ".join(f"{toml_key(str(k))} = {toml_value(v)}"
+                                for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))  # a TOML basic string

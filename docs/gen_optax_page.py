@@ -20,6 +20,7 @@ from _generated import write_or_check
 
 import gradpipe
 from gradpipe.registry import get_registry
+from gradpipe.toml_source import toml_value
 
 PAGE = Path(__file__).parent / "coming-from-optax.md"
 GOLDEN = json.loads((Path(__file__).parents[1] / "tests/references/optax_golden.json").read_text())
@@ -104,19 +105,11 @@ def _calls(alias: str, cases: list[dict[str, Any]]) -> str:
                         for c in cases)
 
 
-def _inline(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_inline(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, list):
-        return "[" + ", ".join(_inline(v) for v in value) + "]"
-    return tomli_w.dumps({"v": value})[4:].strip()
-
-
 def _written(chain: list[dict[str, Any]], shown: list[dict[str, Any]]) -> str:
     """"as above", or the tested chain where its kinds are not the table's."""
     if [t["kind"] for t in chain] == [t["kind"] for t in shown]:
         return "as above"
-    return "as " + " + ".join(f"`{_inline(t)}`" for t in chain)
+    return "as " + " + ".join(f"`{toml_value(t)}`" for t in chain)
 
 
 def entry(alias: str, arguments: str, chain: str, keys: dict[str, str] | None = None) -> Entry:
@@ -266,7 +259,7 @@ def schedule_rows() -> list[str]:
     rows = ["| optax | `learning_rate =` |", "|---|---|"]
     for call, recorded in GOLDEN["schedules"].items():
         gradpipe.parse({"transforms": [{"kind": "sgd", "learning_rate": recorded["table"]}]})
-        rows.append(f"| `{call}` | `{_inline(recorded['table'])}` |")
+        rows.append(f"| `{call}` | `{toml_value(recorded['table'])}` |")
     return rows
 
 
@@ -277,12 +270,12 @@ def mapping_rows(block: str) -> list[str]:
         if spec.startswith("[pipeline]"):
             [(key, value)] = values(spec.partition(" ")[2]).items()
             gradpipe.parse({"pipeline": {key: value}, "transforms": [{"kind": "sgd"}]})
-            spec = f"[pipeline] {key} = {_inline(value)}"
+            spec = f"[pipeline] {key} = {toml_value(value)}"
         elif spec != "-":
             [table] = tables(spec)
             after = get_registry().get("transform", table["kind"]).capabilities.after_update_rule
             _toml([{"kind": "sgd"}, table] if after else [table, {"kind": "sgd"}])
-            spec = _inline(table)
+            spec = toml_value(table)
         rows.append(f"| `{call}` | {': '.join(([f'`{spec}`'] if spec != '-' else []) + text)} |")
     return rows
 

@@ -105,10 +105,10 @@ def check_one_rule_each(spec: PipelineSpec, paths: list[str], masks: list[list[b
                                                if len(both) > 4 else "")
                 named = first if _selecting(first) else second
                 key = "variables" if named.extra.get("variables") else "exclude"
-                every = second if named is first else first  # or None: both select
+                other = second if named is first else first
                 fix = (f"add exclude = {_toml_list(named.extra['variables'])} to "
-                       f"{every.name} at {every.path}, or narrow the patterns"
-                       if not _selecting(every) and named.extra.get("variables")
+                       f"{other.name} at {other.path}, or narrow the patterns"
+                       if not _selecting(other) and named.extra.get("variables")
                        else "narrow the patterns")
                 problems.append(spec.problem_at(
                     f"{named.path}.{key}",
