@@ -274,5 +274,11 @@ def pipeline_toml(path: str | Path, data: Any = None) -> str:
     except (ValueError, TypeError) as exc:
         raise GradpipeError(f"{path}: Keras cannot rebuild the optimizer: {exc}") from None
     table = from_keras(optimizer)
+    decays = any(t.get("weight_decay") for t in table["transforms"])
+    # Keras's config forgets exclude_from_weight_decay(var_names=...): say so where it
+    # would have mattered, since the file cannot.
+    note = ("# Keras's config does not record exclude_from_weight_decay: where the model\n"
+            "# excluded variables, add exclude_from_weight_decay = [PATTERN] to the rule\n"
+            "# (or exclude = [PATTERN] to its weight_decay table).\n") if decays else ""
     return (f"# The pipeline of the Keras optimizer in {Path(path).name} "
-            f"(gradpipe from-keras).\n{tomli_w.dumps(table)}")
+            f"(gradpipe from-keras).\n{note}{tomli_w.dumps(table)}")

@@ -265,10 +265,21 @@ def test_from_keras_cli_writes_what_check_accepts(tmp_path, capsys, form):
     out = tmp_path / "pipe.toml"
     assert main(["from-keras", str(source), "-o", str(out)]) == 0
     assert tomllib.loads(out.read_text()) == gradpipe.from_keras(optimizer)
+    # the file cannot say which variables Keras excluded from the decay: a comment does
+    assert "add exclude_from_weight_decay = [PATTERN] to the rule" in out.read_text()
     assert main(["check", str(out)]) == 0
     capsys.readouterr()
     assert main(["from-keras", str(source)]) == 0  # no -o: the TOML on stdout
     assert tomllib.loads(capsys.readouterr().out) == gradpipe.from_keras(optimizer)
+
+
+def test_from_keras_cli_adds_no_decay_note_without_a_decay(tmp_path, capsys):
+    source = tmp_path / "optimizer.json"
+    source.write_text(json.dumps(K.serialize(K.Adam(0.01))))
+    assert main(["from-keras", str(source)]) == 0
+    printed = capsys.readouterr().out
+    assert tomllib.loads(printed)["transforms"][0]["kind"] == "adam"
+    assert "exclude_from_weight_decay" not in printed
 
 
 def test_from_keras_cli_names_the_unsupported_setting(tmp_path, capsys):
