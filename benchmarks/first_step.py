@@ -14,7 +14,8 @@ What a user who restarts a script waits for before training runs:
   process.
 
 Each rule runs as the Keras class and as the pipeline ``gradpipe.from_keras``
-makes of it, so both apply the same maths; ``adabelief`` is a third-party
+makes of it, so both apply the same maths (``Adam+clip``: ``global_clipnorm=1.0``,
+which makes a ``clip_by_global_norm`` transform); ``adabelief`` is a third-party
 plugin (``_plugin.py``, installed for the run, its maths written plainly)
 against Keras ``Adam``. Each case runs in a fresh process: nothing either
 side traced or compiled before is reused, except what gradpipe keeps in its
@@ -41,7 +42,7 @@ from _common import table
 from _plugin import installed_plugin
 
 RULES = ["SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adadelta", "Adamax", "Nadam",
-         "Lion", "Ftrl", "Lamb", "Adafactor", "adabelief"]
+         "Lion", "Ftrl", "Lamb", "Adafactor", "adabelief", "Adam+clip", "AdamW+clip"]
 DENSE = (50, 400_000)
 QUICK_DENSE = (4, 20_000)
 
@@ -49,8 +50,10 @@ QUICK_DENSE = (4, 20_000)
 def keras_optimizer(rule: str):  # type: ignore[no-untyped-def]
     import keras
 
-    cls = getattr(keras.optimizers, "Adam" if rule == "adabelief" else rule)
-    return cls(learning_rate=1e-3, **({"momentum": 0.9} if rule == "SGD" else {}))
+    name, _, clip = rule.partition("+")  # "+clip": global_clipnorm=1.0, the usual recipe
+    cls = getattr(keras.optimizers, "Adam" if name == "adabelief" else name)
+    return cls(learning_rate=1e-3, **({"momentum": 0.9} if name == "SGD" else {}),
+               **({"global_clipnorm": 1.0} if clip else {}))
 
 
 def pipeline_table(rule: str) -> dict:
@@ -168,8 +171,8 @@ def main() -> int:
         print(case(*args.case))
         return 0
     rules, rounds = args.rules.split(","), 1 if args.quick else args.rounds
-    if args.quick:  # a smoke run: one rule, the plugin, each through every path
-        rules = rules[:1] + (["adabelief"] if "adabelief" in rules[1:] else [])
+    if args.quick:  # a smoke run: one rule, the plugin, a clip, each through every path
+        rules = rules[:1] + [r for r in ("adabelief", "AdamW+clip") if r in rules[1:]]
     quick = "1" if args.quick else "0"
     rows = []
     with installed_plugin(), tempfile.TemporaryDirectory() as caches:

@@ -11,6 +11,8 @@ variables' names never sharing a function between two of them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import keras
 import numpy as np
@@ -212,13 +214,15 @@ def test_on_a_gpu_the_functions_give_the_cpus_numbers():
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
-def test_the_plan_never_says_yes_to_xla_and_to_the_uncompiled_kernel(capsys):
+def test_the_plan_never_says_yes_to_xla_and_to_the_uncompiled_kernel(capsys, tmp_path):
     """A compiled step never runs the in-place kernel: the plan says so, rather than
     "yes" twice; where XLA is off, the kernel is back."""
     from gradpipe.cli import main
 
-    example = "examples/mixed_precision.toml"
-    assert main(["check", example, "--shapes", "784x256,256,256x10,10"]) == 0
+    example = tmp_path / "compiled.toml"  # clip + adam, which "auto" leaves uncompiled
+    example.write_text(Path("examples/mixed_precision.toml").read_text()
+                       + "\n[pipeline]\njit_compile = true\n")
+    assert main(["check", str(example), "--shapes", "784x256,256,256x10,10"]) == 0
     plan = capsys.readouterr().out
     assert "XLA           yes" in plan and ("in place      no: the step is compiled (the "
                                             "last rule's fused kernel would serve") in plan
@@ -230,8 +234,9 @@ def test_the_plan_never_says_yes_to_xla_and_to_the_uncompiled_kernel(capsys):
 
 def test_auto_keeps_sgd_alone_on_its_one_op_kernel():
     """sgd's in-place kernel reads and writes each variable in one op, one pass
-    already: "auto" runs it rather than compile sgd alone, but compiles sgd after
-    clipping (which XLA fuses into the update) and adam (six kernels a variable)."""
+    already: "auto" runs it rather than compile sgd alone, but compiles adam (six
+    kernels a variable) variable by variable. sgd after a global clip would be one
+    XLA function for every variable, which "auto" leaves to jit_compile = true."""
     variables = [tf.Variable(tf.zeros([20_000])) for _ in range(3)]
     grads = [tf.ones([20_000]) for _ in variables]
 
@@ -246,5 +251,8 @@ def test_auto_keeps_sgd_alone_on_its_one_op_kernel():
         'XLA           no: "auto": sgd alone updates each variable in one fused kernel, '
         "which XLA does not beat"), alone.plan
     assert alone.path(zip(grads, variables)) == "in place"
-    assert built({"kind": "clip_by_global_norm", "clip_norm": 1.0}, sgd).plan.compile.on
-    assert built({"kind": "adam"}).plan.compile.on
+    clipped = built({"kind": "clip_by_global_norm", "clip_norm": 1.0}, sgd).plan
+    assert not clipped.compile.on and "one XLA function for all 3 variables" in \
+        clipped.compile.reason, clipped
+    assert clipped.in_place.on, clipped  # sgd's kernel, after the clip
+    assert built({"kind": "adam"}).plan.per_variable.on
