@@ -11,8 +11,6 @@ variables' names never sharing a function between two of them.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import attrs
 import keras
 import numpy as np
@@ -74,6 +72,89 @@ def test_one_function_per_shape_gives_the_plain_paths_and_keras_numbers(kind):
     for ours, theirs, native in zip(compiled, plain, variables):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(ours, native.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_global_clip_first_is_compiled_variable_by_variable_given_the_norm():
+    """A global clip mixes variables, but only through the norm of the step's own
+    gradients, which the step has: under "auto" each variable's function is handed
+    it (jit_compile = true compiles the chain whole, below). The
+    numbers are the plain path's, a step with a NaN skipped and one whose sum of
+    squares overflows included."""
+    chain = [{"kind": "clip_by_global_norm", "clip_norm": 1.0},
+             {"kind": "adamw", "learning_rate": 0.01, "weight_decay": 0.004}]
+    rng = np.random.default_rng(0)
+    shapes = [(128, 64), (128, 64), (64,)]  # large enough for "auto" to compile
+    grads = [[tf.constant(rng.normal(size=s).astype("f4")) for s in shapes]
+             for _ in range(5)]
+    grads[1] = [g * 1e30 for g in grads[1]]  # finite, but their sum of squares is not
+    grads[3][2] = tf.tensor_scatter_nd_update(grads[3][2], [[0]], [np.nan])
+    results = []
+    for jit in ("auto", False):
+        variables = [tf.Variable(np.linspace(-1, 1, np.prod(s), dtype="f4").reshape(s))
+                     for s in shapes]
+        pipe = gradpipe.build({"transforms": chain, "pipeline": {"jit_compile": jit}})
+        pipe.build(variables)
+        step = tf.function(lambda g, p=pipe, v=variables: p.apply_gradients(zip(g, v)))
+        assert [bool(step(g)) for g in grads] == [True, True, True, False, True]
+        results.append((pipe.plan, [v.numpy() for v in variables]))
+    (plan, compiled), (_, plain) = results
+    assert str(plan.per_variable) == (
+        "yes: 2 XLA functions for 3 variables, one per distinct shape and maths, each "
+        "traced once, clip_by_global_norm given the gradients' global norm"), plan
+    for ours, theirs in zip(compiled, plain):
+        assert np.isfinite(ours).all()
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("global_too", [False, True])
+def test_a_rule_that_sums_one_variables_squares_is_never_handed_the_global_norm(global_too):
+    """A plugin rule first in the chain that normalises each variable's gradient by
+    its own norm, ``squared_norm([g])``: in one variable's function that is the
+    same list as the whole input, so it must not be handed the step's norm. Read
+    beside the global norm (``global_too``), the chain mixes variables."""
+    from gradpipe.plugin import squared_norm
+
+    def factory(cfg):
+        def update(grads, state, variables):
+            total = squared_norm(grads) if global_too else 1.0
+            return [None if g is None else 0.01 * g * tf.math.rsqrt(
+                squared_norm([g]) + 1e-12) * tf.sqrt(total) for g in grads], state
+
+        return Transform(no_state, update)
+
+    name = f"per_layer_normalised_{int(global_too)}"
+    register_transform(name, factory, capabilities=Capabilities(update_rule=True))
+    rng = np.random.default_rng(1)
+    shapes = [(128, 64), (128, 64), (64,)]
+    grads = [[tf.constant(rng.normal(size=s).astype("f4")) for s in shapes]
+             for _ in range(3)]
+    results = []
+    for jit in ("auto", False):
+        variables = [tf.Variable(np.zeros(s, "f4")) for s in shapes]
+        pipe = gradpipe.build({"transforms": [{"kind": name}],
+                               "pipeline": {"jit_compile": jit}})
+        pipe.build(variables)
+        for g in grads:
+            pipe.apply_gradients(zip(g, variables))
+        results.append((pipe.plan, [v.numpy() for v in variables]))
+    (plan, compiled), (_, plain) = results
+    assert plan.per_variable.on is not global_too, plan
+    assert "given the gradients' global norm" not in str(plan.per_variable)
+    for ours, theirs in zip(compiled, plain):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7)
+
+
+def test_auto_leaves_a_step_that_mixes_variables_uncompiled_on_a_cpu():
+    """A global clip after another transform reads a norm the step does not have:
+    the step would be one XLA function over every variable, whose compile grows
+    with them. "auto" leaves it uncompiled and says so."""
+    variables = [tf.Variable(tf.zeros([20_000])) for _ in range(3)]
+    pipe = gradpipe.build({"transforms": MIXED_AFTER_A_CLIP})
+    pipe.build(variables)
+    assert str(pipe.plan.compile).startswith(
+        'no: "auto": not variable by variable (transform clip_by_global_norm mixes '
+        "variables"), pipe.plan
+    assert "one XLA function for all 3 variables" in str(pipe.plan.compile), pipe.plan
 
 
 def test_a_skipped_step_writes_nothing():
@@ -157,7 +238,12 @@ def test_a_state_shared_by_all_variables_is_written_once():
     assert float(state["u_product"]) == float(single.transform_state("nadam")["u_product"])
 
 
+MIXED_AFTER_A_CLIP = [{"kind": "clip_by_value", "clip_value_min": -5.0, "clip_value_max": 5.0},
+                      {"kind": "clip_by_global_norm", "clip_norm": 1.0}, {"kind": "adam"}]
+
+
 def test_a_transform_that_mixes_variables_keeps_the_whole_step():
+    """jit_compile = true compiles a global clip with the rule as one function."""
     pipe, compiled = _train([{"kind": "clip_by_global_norm", "clip_norm": 1.0},
                              {"kind": "adam"}], True)
     assert str(pipe.plan.per_variable) == (
@@ -214,15 +300,13 @@ def test_on_a_gpu_the_functions_give_the_cpus_numbers():
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
-def test_the_plan_never_says_yes_to_xla_and_to_the_uncompiled_kernel(capsys, tmp_path):
+def test_the_plan_never_says_yes_to_xla_and_to_the_uncompiled_kernel(capsys):
     """A compiled step never runs the in-place kernel: the plan says so, rather than
     "yes" twice; where XLA is off, the kernel is back."""
     from gradpipe.cli import main
 
-    example = tmp_path / "compiled.toml"  # clip + adam, which "auto" leaves uncompiled
-    example.write_text(Path("examples/mixed_precision.toml").read_text()
-                       + "\n[pipeline]\njit_compile = true\n")
-    assert main(["check", str(example), "--shapes", "784x256,256,256x10,10"]) == 0
+    example = "examples/mixed_precision.toml"
+    assert main(["check", example, "--shapes", "784x256,256,256x10,10"]) == 0
     plan = capsys.readouterr().out
     assert "XLA           yes" in plan and ("in place      no: the step is compiled (the "
                                             "last rule's fused kernel would serve") in plan
@@ -234,9 +318,8 @@ def test_the_plan_never_says_yes_to_xla_and_to_the_uncompiled_kernel(capsys, tmp
 
 def test_auto_keeps_sgd_alone_on_its_one_op_kernel():
     """sgd's in-place kernel reads and writes each variable in one op, one pass
-    already: "auto" runs it rather than compile sgd alone, but compiles adam (six
-    kernels a variable) variable by variable. sgd after a global clip would be one
-    XLA function for every variable, which "auto" leaves to jit_compile = true."""
+    already: "auto" runs it rather than compile sgd alone, but compiles sgd after
+    clipping (which XLA fuses into the update) and adam (six kernels a variable)."""
     variables = [tf.Variable(tf.zeros([20_000])) for _ in range(3)]
     grads = [tf.ones([20_000]) for _ in variables]
 
@@ -252,7 +335,5 @@ def test_auto_keeps_sgd_alone_on_its_one_op_kernel():
         "which XLA does not beat"), alone.plan
     assert alone.path(zip(grads, variables)) == "in place"
     clipped = built({"kind": "clip_by_global_norm", "clip_norm": 1.0}, sgd).plan
-    assert not clipped.compile.on and "one XLA function for all 3 variables" in \
-        clipped.compile.reason, clipped
-    assert clipped.in_place.on, clipped  # sgd's kernel, after the clip
-    assert built({"kind": "adam"}).plan.per_variable.on
+    assert clipped.compile.on and clipped.per_variable.on, clipped
+    assert built({"kind": "adam"}).plan.compile.on

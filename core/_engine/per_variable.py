@@ -35,12 +35,14 @@ import tensorflow as tf
 from ..errors import GradpipeError
 from ..names import variable_path
 from ..tensors import all_finite
-from ..transform import build_scope, squared_norm, sum_of_squares
+from ..transform import build_scope, record_squared_norm, squared_norm, sum_of_squares
 from .bounds import held_state
 from .intervals import Interval, largest_element_of, state_range, within_norm
 from .one_variable import OneVariableState, one_variable_structure
 from .separable import variables_read
 from .writes import assign
+
+_SCALAR = tf.TensorSpec([], tf.float32)
 
 
 class _Guard(NamedTuple):
@@ -59,8 +61,11 @@ class _Guard(NamedTuple):
 class PerVariable:
     """The step's per-variable XLA functions, traced at build (``trace``)."""
 
-    def __init__(self, step: Any) -> None:
+    def __init__(self, step: Any, hands_norm: bool = False) -> None:
         self._step = step
+        # the first transform reads its input's global norm: each function is handed
+        # the step's (``_fresh_scope``)
+        self.hands_norm = hands_norm
         store = step.state
         variables = store.variables
         self._layouts: list[list[tuple[Any, list[bool]]]] = []  # per variable, per transform
@@ -113,7 +118,7 @@ class PerVariable:
             function = tf.function(functools.partial(self._apply_body, self._layouts[j]),
                                    jit_compile=True, autograph=False)
             function.get_concrete_function(spec, var, self._own[j], shared,
-                                           tf.TensorSpec([], tf.bool))
+                                           tf.TensorSpec([], tf.bool), _SCALAR)
             self._apply.append(function)
             if guarded:
                 # a chain whose bound reads one group's own reads every group's:
@@ -132,8 +137,9 @@ class PerVariable:
         Where a transform is checked, the guard computes its outputs, so reads the
         variable's own: it is traced compiled only, as it is where not ``plain``."""
         var, own = self._step.state.variables[j], self._own[j]
-        scalar = tf.TensorSpec([], tf.float32)
-        args = (spec, var, own, shared, scalar, self._interval_specs(j, scalar), [scalar] * 2)
+        scalar = _SCALAR
+        args = (spec, var, own, shared, scalar, self._interval_specs(j, scalar), [scalar] * 2,
+                scalar)
         reads_own = self._step.guard.checks_some or not plain
         if not reads_own:
             function = tf.function(functools.partial(self._guard_body, self._layouts[j],
@@ -204,35 +210,41 @@ class PerVariable:
                 continue
             g = tf.zeros(variables[j].shape, variables[j].dtype)
             found[id(function)] = (function, (g, variables[j], self._own[j], shared,
-                                              tf.constant(True)))
+                                              tf.constant(True), tf.constant(0.0)))
             if self._guards and self._guards[j].per_variable:
                 found[id(self._guards[j])] = (self._guards[j].function, (
                     g, variables[j], self._own[j], shared, tf.constant(0.0),
-                    self._interval_specs(j, tf.constant(0.0)), [tf.constant(0.0)] * 2))
+                    self._interval_specs(j, tf.constant(0.0)), [tf.constant(0.0)] * 2,
+                    tf.constant(0.0)))
         return list(found.values())
 
     # -- the traced bodies ------------------------------------------------------
 
     @contextlib.contextmanager
-    def _fresh_scope(self) -> Iterator[dict[str, Any]]:
+    def _fresh_scope(self, g: Any, input_norm: Any) -> Iterator[dict[str, Any]]:
         """The pipeline's build scope with nothing shared from other traces, and nothing
-        left for them: each function traces one variable's chain on its own."""
+        left for them: each function traces one variable's chain on its own. The
+        chain's input ``[g]`` has the sum of squares of all the step's gradients
+        (``input_norm``): a first transform that reads its input's global norm reads
+        that one, as it would over every variable."""
         context = self._step.context
         with build_scope(context):
             context.shared.clear()
+            if self.hands_norm:
+                record_squared_norm([g], input_norm)
             try:
                 yield context.shared
             finally:
                 context.shared.clear()
 
     def _apply_body(self, layouts: Any, g: Any, var: Any, own: Any, shared: Any,
-                    applies: Any) -> Any:
+                    applies: Any, input_norm: Any) -> Any:
         """Variable ``var``'s update where ``applies`` (the step's verdict), its value
         and state kept where not: selects XLA fuses into the update's loops, and the
         writes ordered as the compiled step orders them."""
         step = self._step
         view = OneVariableState(var, layouts, own, shared)
-        with self._fresh_scope():
+        with self._fresh_scope(g, input_norm):
             step.kept_by_transforms = set()
             updates, new_states, _ = step.run_chain([g], applies=applies, store=view)
             ops = assign(view, new_states, updates, applies=applies,
@@ -242,7 +254,8 @@ class PerVariable:
                 tf.constant(True)]
 
     def _guard_body(self, layouts: Any, inside: bool, g: Any, var: Any, own: Any,
-                    shared: Any, bound: Any, state_bounds: Any, weight_bound: Any) -> Any:
+                    shared: Any, bound: Any, state_bounds: Any, weight_bound: Any,
+                    input_norm: Any) -> Any:
         """Whether the chain's outputs for ``g`` are finite, from its proofs, bounds and
         checks: the gradient's elements lie within ``bound`` (the root of the step's
         sum of squares), each transform's state within its ``state_bounds`` interval,
@@ -251,18 +264,19 @@ class PerVariable:
         the state's and the variable's read here instead, for this variable alone."""
         view = OneVariableState(var, layouts, own, shared,
                                 bounds=None if inside else state_bounds)
-        with self._fresh_scope() as known:
+        with self._fresh_scope(g, input_norm) as known:
             known["bounds"] = {id(g): (g, bound)}
             if not inside:
                 handle = tf.compat.v1.get_default_graph().capture(var.handle)
                 known["weights"] = {handle.ref(): Interval(*weight_bound)}
             return all_finite(self._step.run_chain([g], guard=True, store=view)[2])
 
-    def _recheck_body(self, layouts: Any, g: Any, var: Any, own: Any, shared: Any) -> Any:
+    def _recheck_body(self, layouts: Any, g: Any, var: Any, own: Any, shared: Any,
+                      input_norm: Any) -> Any:
         """The guard without bounds, for a step where a bound failed: compiled the first
         time one fails."""
         view = OneVariableState(var, layouts, own, shared)
-        with self._fresh_scope():
+        with self._fresh_scope(g, input_norm):
             return all_finite(self._step.run_chain([g], guard=True, bounds=False,
                                                    store=view)[2])
 
@@ -279,11 +293,12 @@ class PerVariable:
         shared = [[leaf.read_value() for leaf in leaves] for leaves in self._shared]
         present = [j for j, g in enumerate(grads) if g is not None]
         finite = tf.constant(True) if finite is None else finite
-        guards_ok, rechecked = (self._guarded(grads, variables, shared, present)
+        input_norm = tf.cast(squared_norm(grads), tf.float32)
+        guards_ok, rechecked = (self._guarded(grads, variables, shared, present, input_norm)
                                 if self._guards else (tf.constant(True), []))
-        ok = self._verdict(finite, guards_ok, grads, present, rechecked, of_sum)
-        outputs = [self._apply[j](grads[j], variables[j], self._own[j], shared, ok)
-                   for j in present]
+        ok = self._verdict(finite, guards_ok, grads, present, rechecked, of_sum, input_norm)
+        outputs = [self._apply[j](grads[j], variables[j], self._own[j], shared, ok,
+                                  input_norm) for j in present]
         done = [t for out in outputs for t in out[-1:]]
         with tf.control_dependencies(done):
             flat = [leaf for leaves in self._shared for leaf in leaves]
@@ -295,9 +310,9 @@ class PerVariable:
             return tf.identity(ok)
 
     def _guarded(self, grads: list[Any], variables: list[Any], shared: list[list[Any]],
-                 present: list[int]) -> tuple[tf.Tensor, list[int]]:
+                 present: list[int], input_norm: Any) -> tuple[tf.Tensor, list[int]]:
         """Whether every guard holds, and the variables whose bounds are rechecked."""
-        bound = tf.sqrt(tf.cast(squared_norm(grads), tf.float32))
+        bound = tf.sqrt(input_norm)
         groups: dict[int, list[int]] = {}
         for j in present:
             groups.setdefault(self._group[j], []).append(j)
@@ -309,12 +324,13 @@ class PerVariable:
                        if guard.weights else [tf.constant(0.0)] * 2)
             for j in members if guard.per_variable else members[:1]:
                 results.append(guard.function(grads[j], variables[j], self._own[j], shared,
-                                              bound, held, weights))
+                                              bound, held, weights, input_norm))
         return all_finite(results), [j for j in present
                                      if self._guards[j].recheck is not None]
 
     def _verdict(self, finite: tf.Tensor, guards_ok: tf.Tensor, grads: list[Any],
-                 present: list[int], rechecked: list[int], of_sum: bool) -> tf.Tensor:
+                 present: list[int], rechecked: list[int], of_sum: bool, input_norm: Any
+                 ) -> tf.Tensor:
         """``finite & guards_ok`` where both are exact; else decided in one rare branch,
         run eagerly: the gradients checked one by one (``of_sum``), then the failed
         bounds without bounds. One conditional for both: each costs 0.1 s of the
@@ -324,7 +340,7 @@ class PerVariable:
             return fast
         variables, given = self._step.state.variables, present if of_sum else rechecked
 
-        def rare(guards_held: Any, *tensors: Any) -> tf.Tensor:
+        def rare(guards_held: Any, norm: Any, *tensors: Any) -> tf.Tensor:
             # traced and compiled when it first runs; the writes wait for the verdict
             if of_sum and not bool(all_finite(tensors)):
                 return tf.constant(False)
@@ -333,10 +349,10 @@ class PerVariable:
             now = [[leaf.read_value() for leaf in leaves] for leaves in self._shared]
             by_index = dict(zip(given, tensors))
             return all_finite([self._guards[j].recheck(by_index[j], variables[j],
-                                                       self._own[j], now)
+                                                       self._own[j], now, norm)
                                for j in rechecked])
 
         settled = fast if of_sum else fast | ~finite
         return tf.cond(settled, lambda: fast, lambda: tf.reshape(tf.py_function(
-            rare, [guards_ok, *(grads[j] for j in given)], Tout=tf.bool), []))
+            rare, [guards_ok, input_norm, *(grads[j] for j in given)], Tout=tf.bool), []))
 

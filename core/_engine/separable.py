@@ -18,17 +18,25 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from ..names import leaf_names
-from ..transform import build_scope
+from ..transform import build_scope, record_squared_norm
 
 
-def probe_transform(transform: Any, context: Any) -> tuple[str, bool]:
+def probe_transform(transform: Any, context: Any, given_input_norm: bool = False
+                    ) -> tuple[str, bool, bool]:
     """Whether ``transform`` computes each variable's updates and state from that
-    variable's gradient, state and value alone ("" if it does, else why not), and
+    variable's gradient, state and value alone ("" if it does, else why not),
     whether its maths reads the variables' names (then no two variables share a
-    function): its update traced for two small variables, each output followed
-    back to the inputs it reads. A global norm of its inputs, a state shared by
-    all variables that some variable's gradient writes, or any other mixing shows
-    there."""
+    function), and whether it reads its input's global norm: its update traced
+    for two small variables, each output followed back to the inputs it reads. A
+    global norm of its inputs, a state shared by all variables that some
+    variable's gradient writes, or any other mixing shows there.
+
+    ``given_input_norm``: the step knows the global norm of this transform's input
+    (the step's own gradients: the chain's first transform), so ``squared_norm``
+    of its whole input is handed in, as the per-variable functions hand it, and
+    reading it does not mix variables (unless it also sums squares of some of its
+    inputs alone, which in one variable's function would read the same list).
+    Whether it reads that norm is the third value."""
     named: list[str] = []
     variables = [_Watched(tf.zeros([3]), name="probe/bias", reads=named),
                  _Watched(tf.zeros([2, 3]), name="probe/kernel", reads=named)]
@@ -39,21 +47,34 @@ def probe_transform(transform: Any, context: Any) -> tuple[str, bool]:
         _, owners = leaf_names(state, paths)
         specs = tf.nest.map_structure(tf.TensorSpec.from_tensor, state)
         named.clear()  # init may name its state after the variables: only update counts
+        partial: list[Any] = []
 
-        def probe(grads: list[Any], old: Any) -> Any:
+        def probe(grads: list[Any], old: Any, input_norm: Any) -> Any:
             with build_scope(context):
                 context.shared.clear()
-                outputs, new = transform.update(list(grads), old, variables)
+                given = list(grads)
+                if given_input_norm:
+                    record_squared_norm(given, input_norm)
+                outputs, new = transform.update(given, old, variables)
+                # A norm of some of its inputs (one variable's, say) would read, in a
+                # function of one variable, the same list as the whole input's.
+                partial.extend(key for key, (tensors, _) in context.shared.get(
+                    "squared_norms", {}).items() if key != tuple(map(id, given))
+                    and any(t is g for t in tensors for g in given))
             return list(outputs), tf.nest.flatten(new)
 
         concrete = tf.function(probe, autograph=False).get_concrete_function(
-            [tf.TensorSpec(v.shape, v.dtype) for v in variables], specs)
+            [tf.TensorSpec(v.shape, v.dtype) for v in variables], specs,
+            tf.TensorSpec([], tf.float32))
     except Exception as exc:  # a transform that cannot be traced so runs as a whole
         return (f"its update could not be traced for two variables "
-                f"({type(exc).__name__})", bool(named))
+                f"({type(exc).__name__})", bool(named), False)
     finally:
         context.shared.clear()
-    return _mixing(concrete, variables, owners), bool(named)
+    reads_norm = bool(concrete.graph.inputs[2 + len(owners)].consumers())
+    if reads_norm and partial:
+        return _MIXES, bool(named), False
+    return _mixing(concrete, variables, owners), bool(named), reads_norm
 
 
 def _mixing(concrete: Any, variables: list[Any], owners: list[int | None]) -> str:
@@ -73,9 +94,12 @@ def _mixing(concrete: Any, variables: list[Any], owners: list[int | None]) -> st
             continue
         read = variables_read(tensor, source)
         if (owner is None and read) or (owner is not None and read - {owner}):
-            return ("mixes variables: one variable's output reads another's "
-                    "gradient, state or value (a global norm, say)")
+            return _MIXES
     return ""
+
+
+_MIXES = ("mixes variables: one variable's output reads another's gradient, state or "
+          "value (a global norm, say)")
 
 
 class _Watched(resource_variable_ops.ResourceVariable):
