@@ -74,30 +74,46 @@ def test_one_function_per_shape_gives_the_plain_paths_and_keras_numbers(kind):
         np.testing.assert_allclose(ours, native.numpy(), rtol=1e-6, atol=1e-6)
 
 
+LARGE = [(128, 64), (128, 64), (64,)]  # large enough for "auto" to compile
+
+
+def _large_gradients(steps: int, seed: int) -> list[list[tf.Tensor]]:
+    rng = np.random.default_rng(seed)
+    return [[tf.constant(rng.normal(size=s).astype("f4")) for s in LARGE]
+            for _ in range(steps)]
+
+
+def _auto_and_plain(transforms: list[dict], grads: list[list[tf.Tensor]]
+                    ) -> tuple[object, list[bool], list, list]:
+    """The "auto" plan, which steps applied (the same on both paths), and the
+    weights "auto" and the plain path leave."""
+    runs = []
+    for jit in ("auto", False):
+        variables = [tf.Variable(np.linspace(-1, 1, np.prod(s), dtype="f4").reshape(s))
+                     for s in LARGE]
+        pipe = gradpipe.build({"transforms": transforms, "pipeline": {"jit_compile": jit}})
+        pipe.build(variables)
+        step = tf.function(lambda g, p=pipe, v=variables: p.apply_gradients(zip(g, v)))
+        runs.append((pipe.plan, [bool(step(g)) for g in grads],
+                     [v.numpy() for v in variables]))
+    (plan, applied, compiled), (_, plain_applied, plain) = runs
+    assert applied == plain_applied
+    return plan, applied, compiled, plain
+
+
 def test_a_global_clip_first_is_compiled_variable_by_variable_given_the_norm():
     """A global clip mixes variables, but only through the norm of the step's own
     gradients, which the step has: under "auto" each variable's function is handed
-    it (jit_compile = true compiles the chain whole, below). The
-    numbers are the plain path's, a step with a NaN skipped and one whose sum of
-    squares overflows included."""
-    chain = [{"kind": "clip_by_global_norm", "clip_norm": 1.0},
-             {"kind": "adamw", "learning_rate": 0.01, "weight_decay": 0.004}]
-    rng = np.random.default_rng(0)
-    shapes = [(128, 64), (128, 64), (64,)]  # large enough for "auto" to compile
-    grads = [[tf.constant(rng.normal(size=s).astype("f4")) for s in shapes]
-             for _ in range(5)]
+    it (jit_compile = true compiles the chain whole, below). The numbers are the
+    plain path's, a step with a NaN skipped and one whose sum of squares overflows
+    included."""
+    grads = _large_gradients(5, seed=0)
     grads[1] = [g * 1e30 for g in grads[1]]  # finite, but their sum of squares is not
     grads[3][2] = tf.tensor_scatter_nd_update(grads[3][2], [[0]], [np.nan])
-    results = []
-    for jit in ("auto", False):
-        variables = [tf.Variable(np.linspace(-1, 1, np.prod(s), dtype="f4").reshape(s))
-                     for s in shapes]
-        pipe = gradpipe.build({"transforms": chain, "pipeline": {"jit_compile": jit}})
-        pipe.build(variables)
-        step = tf.function(lambda g, p=pipe, v=variables: p.apply_gradients(zip(g, v)))
-        assert [bool(step(g)) for g in grads] == [True, True, True, False, True]
-        results.append((pipe.plan, [v.numpy() for v in variables]))
-    (plan, compiled), (_, plain) = results
+    plan, applied, compiled, plain = _auto_and_plain(
+        [{"kind": "clip_by_global_norm", "clip_norm": 1.0},
+         {"kind": "adamw", "learning_rate": 0.01, "weight_decay": 0.004}], grads)
+    assert applied == [True, True, True, False, True]
     assert str(plan.per_variable) == (
         "yes: 2 XLA functions for 3 variables, one per distinct shape and maths, each "
         "traced once, clip_by_global_norm given the gradients' global norm"), plan
@@ -124,20 +140,7 @@ def test_a_rule_that_sums_one_variables_squares_is_never_handed_the_global_norm(
 
     name = f"per_layer_normalised_{int(global_too)}"
     register_transform(name, factory, capabilities=Capabilities(update_rule=True))
-    rng = np.random.default_rng(1)
-    shapes = [(128, 64), (128, 64), (64,)]
-    grads = [[tf.constant(rng.normal(size=s).astype("f4")) for s in shapes]
-             for _ in range(3)]
-    results = []
-    for jit in ("auto", False):
-        variables = [tf.Variable(np.zeros(s, "f4")) for s in shapes]
-        pipe = gradpipe.build({"transforms": [{"kind": name}],
-                               "pipeline": {"jit_compile": jit}})
-        pipe.build(variables)
-        for g in grads:
-            pipe.apply_gradients(zip(g, variables))
-        results.append((pipe.plan, [v.numpy() for v in variables]))
-    (plan, compiled), (_, plain) = results
+    plan, _, compiled, plain = _auto_and_plain([{"kind": name}], _large_gradients(3, 1))
     assert plan.per_variable.on is not global_too, plan
     assert "given the gradients' global norm" not in str(plan.per_variable)
     for ours, theirs in zip(compiled, plain):
