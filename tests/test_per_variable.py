@@ -75,6 +75,9 @@ def test_one_function_per_shape_gives_the_plain_paths_and_keras_numbers(kind):
 
 
 LARGE = [(128, 64), (128, 64), (64,)]  # large enough for "auto" to compile
+# the second clip reads the norm of the first transform's outputs: it mixes variables
+MIXED_AFTER_A_CLIP = [{"kind": "clip_by_value", "clip_value_min": -5.0, "clip_value_max": 5.0},
+                      {"kind": "clip_by_global_norm", "clip_norm": 1.0}, {"kind": "adam"}]
 
 
 def _large_gradients(steps: int, seed: int) -> list[list[tf.Tensor]]:
@@ -239,10 +242,6 @@ def test_a_state_shared_by_all_variables_is_written_once():
     for _ in range(3):
         single.apply_gradients([(tf.ones([3]), var)])
     assert float(state["u_product"]) == float(single.transform_state("nadam")["u_product"])
-
-
-MIXED_AFTER_A_CLIP = [{"kind": "clip_by_value", "clip_value_min": -5.0, "clip_value_max": 5.0},
-                      {"kind": "clip_by_global_norm", "clip_norm": 1.0}, {"kind": "adam"}]
 
 
 def test_a_transform_that_mixes_variables_keeps_the_whole_step():

@@ -18,7 +18,7 @@ from ..errors import GradpipeError
 from ..names import scope_name
 from ..transform import accelerator_visible
 from .per_variable import PerVariable
-from .plan import Choice, Plan, uncompiled
+from .plan import COMPILED_INSTEAD, Choice, Plan, uncompiled
 from .separable import per_variable_blocker, probe_transform
 from .xla_trial import compiled_or_why_not, one_kernel_alone, random_draws
 
@@ -68,7 +68,7 @@ def compile_choices(plan: Plan, step: Any, transforms: list[Any], context: Any, 
         step.per_variable = per_variable
     elif whole_step_too_slow_to_compile(spec, plan):
         count = len(variables)
-        if not plan.pack.on and "variable by variable" in plan.pack.reason:
+        if not plan.pack.on and COMPILED_INSTEAD in plan.pack.reason:
             mean = sum(v.shape.num_elements() or 0 for v in variables) / count
             plan = attrs.evolve(plan, pack=Choice(False, f'"auto": {count} variables of '
                                                   f"{mean:,.0f} elements on average: large "

@@ -293,7 +293,9 @@ class PerVariable:
         shared = [[leaf.read_value() for leaf in leaves] for leaves in self._shared]
         present = [j for j, g in enumerate(grads) if g is not None]
         finite = tf.constant(True) if finite is None else finite
-        input_norm = tf.cast(squared_norm(grads), tf.float32)
+        # the guards' bound and the handed norm; nothing else reads it
+        input_norm = (tf.cast(squared_norm(grads), tf.float32)
+                      if self._guards or self.hands_norm else tf.constant(0.0))
         guards_ok, rechecked = (self._guarded(grads, variables, shared, present, input_norm)
                                 if self._guards else (tf.constant(True), []))
         ok = self._verdict(finite, guards_ok, grads, present, rechecked, of_sum, input_norm)

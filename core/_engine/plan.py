@@ -52,6 +52,9 @@ AUTO_PACK_MIN_VARIABLES = 16
 # checked, noise either way) and its first step ~1.3 s less: no trace of the maths
 # to bound, no trial of the bound at build (2.0 s against 0.7 s).
 BOUND_MIN_ELEMENTS_NOT_COMPILED = 1 << 20
+# Why "auto" did not pack large variables; compile_choices rewrites it where the step
+# then turns out not to be compiled variable by variable after all.
+COMPILED_INSTEAD = "compiled variable by variable instead"
 
 
 @attrs.frozen
@@ -246,7 +249,7 @@ def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],
                                  f"{AUTO_PACK_MIN_VARIABLES} where packing pays")
         pays, why = xla_pays(sizes, kernel_usable)
         if pays:
-            return Choice(False, f'"auto": compiled variable by variable instead ({why})')
+            return Choice(False, f'"auto": {COMPILED_INSTEAD} ({why})')
     if not blocker and elementwise_probe is not None:
         blocker = next((f"transform {t.name} {why}" for i, t in enumerate(spec.transforms)
                         if (why := elementwise_probe(i))), "")
