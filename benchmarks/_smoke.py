@@ -22,7 +22,8 @@ from _plugin import installed_plugin
 
 # --small and --rule sgd without their XLA cases: the first run runs that code
 RUNS = [("step", []), ("step", ["--small", "--no-xla"]), ("step", ["--rule", "sgd", "--no-xla"]),
-        ("fit", []), ("startup", []), ("memory", []), ("first_step", ["--models", "dense"]),
+        ("fit", []), ("startup", []), ("memory", []),
+        ("first_step", ["--models", "dense,classifier"]),
         ("rules", []), ("thirdparty", []), ("compare", []), ("catalog", []),
         ("embedding_fit", []), ("parameter_server", [])]
 

@@ -108,7 +108,9 @@ class PipelineOptions:
             dense gradients, a step that XLA compiles when the pipeline is built
             (``pipe.plan`` gives the reason where it does not), no summary writer,
             at most 128 variables of at least 4,096 elements on average (16,384
-            where the last rule updates in place without XLA, as ``sgd`` does).
+            where the last rule updates in place without XLA, as ``sgd`` does),
+            and on a CPU at least 262,144 elements per distinct shape (each
+            shape is compiled before the first step).
         pack_variables: keep the state of all variables packed in one vector and run
             the chain once on the packed gradients (multi-tensor apply), then
             subtract each variable's slice: a few ops per variable instead of some

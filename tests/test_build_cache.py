@@ -130,13 +130,13 @@ def test_whether_xla_lowers_a_trace_is_read_back_for_that_very_trace(fake_dists,
         assert result.returncode == 0, result.stderr[-2000:]
         return result.stdout.splitlines()
 
-    assert all(line.startswith("yes: ") for line in plans(20_000, 30_000))
+    assert all(line.startswith("yes: ") for line in plans(300_000, 400_000))
     path, answers = _answers(cache)
     assert list(answers.values()) == ["", ""]  # both traces lower
     # an answer the lowering would not give, to see that the next process uses it
     path.write_text(json.dumps(dict.fromkeys(answers, "transform adagrad failed to "
                                                      "compile: planted")))
-    first, again, other = plans(20_000, 30_000, 40_000)
+    first, again, other = plans(300_000, 400_000, 500_000)
     assert first == again == 'no: "auto": transform adagrad failed to compile: planted'
     assert other.startswith("yes: ")
 
@@ -145,11 +145,12 @@ def _fit_two_dense_layers() -> str:
     import keras
     import numpy as np
 
-    model = keras.Sequential([keras.Input((129,)), keras.layers.Dense(131),
-                              keras.layers.Dense(67)])  # 6,468 elements on average
+    # 264k elements per shape: "auto" compiles them on a CPU
+    model = keras.Sequential([keras.Input((1025,)), keras.layers.Dense(513),
+                              keras.layers.Dense(1031)])
     pipe = gradpipe.build({"transforms": [{"kind": "lion"}]})  # "auto": XLA tried
     model.compile(optimizer=pipe.keras_optimizer(), loss="mse")
-    model.fit(np.ones((4, 129), "f4"), np.ones((4, 67), "f4"), verbose=0)
+    model.fit(np.ones((4, 1025), "f4"), np.ones((4, 1031), "f4"), verbose=0)
     return str(pipe.plan.per_variable)
 
 

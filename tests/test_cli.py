@@ -41,10 +41,10 @@ def test_check_ok_prints_resolved_pipeline():
 @pytest.mark.slow
 def test_check_plan_shows_each_choice_with_its_reason():
     example = str(ROOT / "examples" / "mixed_precision.toml")
-    planned = gradpipe_cli("check", example, "--plan", "--shapes", "784x256,256,256x10,10")
+    planned = gradpipe_cli("check", example, "--plan", "--shapes", "4096x1024,1024,1024x10,10")
     assert planned.returncode == 0, planned.stderr
-    assert planned.stdout.startswith("plan for 4 variables, 203,530 parameters:")
-    assert 'XLA           yes: "auto": 4 variables of 50,882 elements' in planned.stdout
+    assert planned.stdout.startswith("plan for 4 variables, 4,205,578 parameters:")
+    assert 'XLA           yes: "auto": 4 variables of 1,051,394 elements' in planned.stdout
     assert "adam at transforms[1]: proved" in planned.stdout
     problem = gradpipe_cli("check", example, "--plan", "--json")  # the file's [problem]
     assert "packed state  no:" in json.loads(problem.stdout)["plan"]

@@ -68,7 +68,7 @@ def _decides(table: dict, shapes: list[tuple[int, ...]]) -> bool:
     return pipe.plan.compile.on
 
 
-LARGE = [(256, 128), (128,), (512, 64)]  # mean 19k elements: XLA pays
+LARGE = [(1024, 512), (512,), (2048, 256)]  # 350k elements per shape: XLA pays
 
 
 MLP = [(32, 256), (256,), (256, 256), (256,), (256, 10), (10,)]  # mean 12.8k elements
@@ -86,6 +86,9 @@ def test_auto_compiles_few_variables_that_are_not_small():
     assert _decides(clip_sgd, LARGE) and not _decides(clip_sgd, MLP)
     assert not _decides(SGD, LARGE)
     assert not _decides(CLIP_ADAM, MLP)
+    # a mean of 19k elements pays at each step, but not the compile of its three shapes
+    # before the first step on a CPU
+    assert not _decides(CLIP_ADAM, [(256, 128), (128,), (512, 64)])
     assert _decides(_with(CLIP_ADAM, check_updates=False), LARGE)
     many = [(16_384,)] * 129  # more than the 128 XLA compiles one by one
     # compile time grows with every variable...
@@ -345,10 +348,10 @@ def test_auto_keeps_the_plain_path_for_sparse_gradients_writers_and_strategies(t
     """Sparse gradients a rule keeps as rows (lazy adam) keep the plain path; a rule
     that makes them dense anyway gets them dense up front, and compiles."""
     pipe = gradpipe.build({"transforms": [{"kind": "adam", "lazy": True}]})
-    var = tf.Variable(np.ones((16_384, 2), "f4"))
+    var = tf.Variable(np.ones((131_072, 2), "f4"))
     pipe.build([var])
-    dense = [(tf.ones((16_384, 2)), var)]
-    sparse = tf.IndexedSlices(tf.ones((1, 2)), tf.constant([1]), tf.constant([16_384, 2]))
+    dense = [(tf.ones((131_072, 2)), var)]
+    sparse = tf.IndexedSlices(tf.ones((1, 2)), tf.constant([1]), tf.constant([131_072, 2]))
     assert pipe.path(dense) == "compiled"
     assert pipe.path([(sparse, var)]) == "plain (sparse gradients keeps the plain path)"
     densified = gradpipe.build({"transforms": [{"kind": "adam"}]})

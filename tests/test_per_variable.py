@@ -74,7 +74,7 @@ def test_one_function_per_shape_gives_the_plain_paths_and_keras_numbers(kind):
         np.testing.assert_allclose(ours, native.numpy(), rtol=1e-6, atol=1e-6)
 
 
-LARGE = [(128, 64), (128, 64), (64,)]  # large enough for "auto" to compile
+LARGE = [(512, 512), (512, 512), (512,)]  # large enough for "auto" to compile
 # the second clip reads the norm of the first transform's outputs: it mixes variables
 MIXED_AFTER_A_CLIP = [{"kind": "clip_by_value", "clip_value_min": -5.0, "clip_value_max": 5.0},
                       {"kind": "clip_by_global_norm", "clip_norm": 1.0}, {"kind": "adam"}]
@@ -154,7 +154,7 @@ def test_auto_leaves_a_step_that_mixes_variables_uncompiled_on_a_cpu():
     """A global clip after another transform reads a norm the step does not have:
     the step would be one XLA function over every variable, whose compile grows
     with them. "auto" leaves it uncompiled and says so."""
-    variables = [tf.Variable(tf.zeros([20_000])) for _ in range(3)]
+    variables = [tf.Variable(tf.zeros([300_000])) for _ in range(3)]
     pipe = gradpipe.build({"transforms": MIXED_AFTER_A_CLIP})
     pipe.build(variables)
     assert str(pipe.plan.compile).startswith(
@@ -308,7 +308,7 @@ def test_the_plan_never_says_yes_to_xla_and_to_the_uncompiled_kernel(capsys):
     from gradpipe.cli import main
 
     example = "examples/mixed_precision.toml"
-    assert main(["check", example, "--shapes", "784x256,256,256x10,10"]) == 0
+    assert main(["check", example, "--shapes", "4096x1024,1024,1024x10,10"]) == 0
     plan = capsys.readouterr().out
     assert "XLA           yes" in plan and ("in place      no: the step is compiled (the "
                                             "last rule's fused kernel would serve") in plan
@@ -322,8 +322,8 @@ def test_auto_keeps_sgd_alone_on_its_one_op_kernel():
     """sgd's in-place kernel reads and writes each variable in one op, one pass
     already: "auto" runs it rather than compile sgd alone, but compiles sgd after
     clipping (which XLA fuses into the update) and adam (six kernels a variable)."""
-    variables = [tf.Variable(tf.zeros([20_000])) for _ in range(3)]
-    grads = [tf.ones([20_000]) for _ in variables]
+    variables = [tf.Variable(tf.zeros([300_000])) for _ in range(3)]
+    grads = [tf.ones([300_000]) for _ in variables]
 
     def built(*transforms):
         pipe = gradpipe.build({"transforms": list(transforms)})

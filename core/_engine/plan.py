@@ -28,20 +28,8 @@ from ..transform import accelerator_visible
 from .proof_table import proof_summary
 from .state_reads import Ranged, is_bounded, ranged_leaves, read_text
 from .summaries import writer_may_record
+from .xla_pays import distinct_shapes, xla_pays
 
-# "auto" compiles where XLA pays (benchmarks/HISTORY.md, measured on 2 cores): XLA
-# fuses the chain's element-wise passes, so clipping + Adam's functional update over
-# 64 variables of 1-10k floats is 0.82x the plain step's time. A rule with an in-place
-# kernel (sgd, adam) makes fewer passes on the plain path already: there XLA pays
-# only on larger variables (sgd compiled 1.04x at 1-10k floats, and sgd alone, one op
-# a variable, never: xla_trial.one_kernel_alone; adam's six fused kernels, in
-# model.fit against Keras: compiled 1.02x and in place 0.95x to 1.00x at a mean of
-# 12.8k elements, compiled 0.82x to 0.84x and in place 0.91x at 44.9k; 0.71x of the
-# in-place step's time compiled at 400k).
-# Compiling takes about 0.15 s per variable of a distinct shape.
-AUTO_JIT_MAX_VARIABLES = 128
-AUTO_JIT_MIN_MEAN_SIZE = 4_096
-AUTO_JIT_MIN_MEAN_SIZE_IN_PLACE = 16_384
 # "auto" packs where the per-variable step would not be compiled for its many or
 # small variables, as long as there are enough of them for the op count to matter.
 AUTO_PACK_MIN_VARIABLES = 16
@@ -169,23 +157,6 @@ def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...],
     return tuple(out), tuple(bounded), tuple(ranged)
 
 
-def xla_pays(sizes: list[int | None], in_place: bool) -> tuple[bool, str]:
-    """Few variables, not small: "auto" compiles them (one XLA loop per array)."""
-    min_mean = AUTO_JIT_MIN_MEAN_SIZE_IN_PLACE if in_place else AUTO_JIT_MIN_MEAN_SIZE
-    if None in sizes:
-        return False, "a variable has an unknown shape"
-    known = [s for s in sizes if s is not None]
-    mean = sum(known) / max(len(known), 1)
-    if len(known) > AUTO_JIT_MAX_VARIABLES:
-        return False, (f"{len(known)} variables, more than the {AUTO_JIT_MAX_VARIABLES} "
-                       "XLA compiles one by one")
-    if mean < min_mean:
-        return False, (f"{mean:,.0f} elements per variable on average, fewer than the "
-                       f"{min_mean:,} where XLA pays{' over an in-place kernel' * in_place}")
-    return True, (f"{len(known)} variables of {mean:,.0f} elements on average (at least "
-                  f"{min_mean:,})")
-
-
 def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool]],
               frozen: list[bool], proved: list[bool], has_kernel: bool,
               replicas: int, clip_per_replica: bool, servers: Choice | None = None,
@@ -220,7 +191,7 @@ def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool
         elif pack.on:
             compile_ = Choice(True, "packed: one small XLA function fuses the chain")
         else:
-            compile_ = Choice(*xla_pays(sizes, in_place.on))
+            compile_ = Choice(*xla_pays(sizes, in_place.on, distinct_shapes(variables)))
         compile_ = attrs.evolve(compile_, reason=f'"auto": {compile_.reason}')
     else:
         compile_ = Choice(bool(mode), f"jit_compile = {'true' if mode else 'false'}")
@@ -247,7 +218,7 @@ def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],
             many = "" if len(variables) == 1 else "s"
             return Choice(False, f'"auto": {len(variables)} variable{many}, fewer than the '
                                  f"{AUTO_PACK_MIN_VARIABLES} where packing pays")
-        pays, why = xla_pays(sizes, kernel_usable)
+        pays, why = xla_pays(sizes, kernel_usable, distinct_shapes(variables))
         if pays:
             return Choice(False, f'"auto": {COMPILED_INSTEAD} ({why})')
     if not blocker and elementwise_probe is not None:
