@@ -111,23 +111,29 @@ def _run(rule: dict, path: str, grads: list[list[np.ndarray]], schedules: dict):
 ONES = [np.ones((6, 4), "f4"), np.ones(4, "f4")]
 
 
+#: a rate of 0.01 at the first step, 0.02 at the next two, then 1e30: past the bound
+#: (about 1e56), but each step is near 1e30, so checked, and applied
+RISING = {"lr": {"kind": "piecewise_constant", "learning_rate": 0.01, "boundaries": [0, 2],
+                 "decay_rates": [2.0, 1e32]}}
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e39
 # nadamw (its proof is adamaxw's) and sign_sgd (signum's, without state) are held to
 # the check by the decay test below and the property test of test_reliability
 @pytest.mark.parametrize("kind", ["adamax", "nadam", "lion", "adamaxw", "radam", "signum"])
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("end, applied", [
-    (0.02, [True] * 3),
-    (1e30, [True] * 3),  # past the bound (about 1e56), but each step is near 1e30: checked
+@pytest.mark.parametrize("schedules, applied", [
+    (RISING, [True] * 5),
     # an end past float32: the rate is infinite, NaN at the first step (inf * 0)
-    (1e39, [False] * 3),
-])
-def test_the_steps_applied_are_exactly_those_a_check_applies(kind, path, end, applied):
-    if end == 1e30 and kind in ("adamaxw", "nadamw"):
-        # the weights, near 1e30 after two steps, decay by 1e30 * 1e-4 * 1e30: past float32
-        applied = [True, True, False]
+    (_schedule(1e39), [False] * 3),
+], ids=["rising", "infinite"])
+def test_the_steps_applied_are_exactly_those_a_check_applies(kind, path, schedules, applied):
+    if schedules is RISING and kind == "adamaxw":
+        # the weights, near 1e30 after a step at 1e30, decay by 1e30 * 1e-4 * 1e30: past
+        # float32
+        applied = [True] * 4 + [False]
     (by_proof, weights, plan), (by_check, reference, _) = (
-        _run({"kind": k, "learning_rate": "@lr"}, path, [ONES] * 3, _schedule(end))
+        _run({"kind": k, "learning_rate": "@lr"}, path, [ONES] * len(applied), schedules)
         for k in (kind, checked_copy(kind)))
     assert "proved" in plan.checks[-1]
     assert by_proof == by_check == applied
