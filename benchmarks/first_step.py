@@ -1,7 +1,7 @@
 """Time to the first step: gradpipe against Keras, every rule, each case a fresh process.
 
-    python benchmarks/first_step.py [--rules adam,nadam] [--models dense,transformer,mlp]
-                                    [--rounds 3] [--quick]
+    python benchmarks/first_step.py [--rules adam,nadam] [--rounds 3] [--quick]
+                                    [--models dense,transformer,mlp,classifier]
 
 What a user who restarts a script waits for before training runs:
 

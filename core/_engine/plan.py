@@ -213,14 +213,15 @@ def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],
     if mode is False:
         return Choice(False, "pack_variables = false")
     blocker = _pack_blocker(spec, variables, pre_reduce, replicas, on_servers)
+    unpaid = ""  # why "auto" would not compile the variables one by one
     if not blocker and mode is not True:
         if len(variables) < AUTO_PACK_MIN_VARIABLES:
             many = "" if len(variables) == 1 else "s"
             return Choice(False, f'"auto": {len(variables)} variable{many}, fewer than the '
                                  f"{AUTO_PACK_MIN_VARIABLES} where packing pays")
-        pays, why = xla_pays(sizes, kernel_usable, distinct_shapes(variables))
+        pays, unpaid = xla_pays(sizes, kernel_usable, distinct_shapes(variables))
         if pays:
-            return Choice(False, f'"auto": {COMPILED_INSTEAD} ({why})')
+            return Choice(False, f'"auto": {COMPILED_INSTEAD} ({unpaid})')
     if not blocker and elementwise_probe is not None:
         blocker = next((f"transform {t.name} {why}" for i, t in enumerate(spec.transforms)
                         if (why := elementwise_probe(i))), "")
@@ -229,8 +230,7 @@ def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],
             raise GradpipeError(f"[pipeline] pack_variables = true, but {blocker}")
         return Choice(False, blocker)
     return Choice(True, "pack_variables = true" if mode is True else
-                  f'"auto": {len(variables)} variables, small or more than XLA compiles '
-                  "one by one")
+                  f'"auto": {len(variables)} variables, not compiled one by one ({unpaid})')
 
 
 def _pack_blocker(spec: PipelineSpec, variables: list[Any], pre_reduce: tuple[int, ...],
