@@ -9,15 +9,14 @@ from typing import Any
 
 from ..transform import accelerator_visible
 
-# XLA
-# fuses the chain's element-wise passes, so clipping + Adam's functional update over
+# XLA fuses the chain's element-wise passes, so clipping + Adam's functional update over
 # 64 variables of 1-10k floats is 0.82x the plain step's time. A rule with an in-place
-# kernel (sgd, adam) makes fewer passes on the plain path already: there XLA pays
-# only on larger variables (sgd compiled 1.04x at 1-10k floats, and sgd alone, one op
-# a variable, never: xla_trial.one_kernel_alone; adam's six fused kernels, in
-# model.fit against Keras: compiled 1.02x and in place 0.95x to 1.00x at a mean of
-# 12.8k elements, compiled 0.82x to 0.84x and in place 0.91x at 44.9k; 0.71x of the
-# in-place step's time compiled at 400k).
+# kernel (sgd, adam) makes fewer passes on the plain path already: there XLA pays only
+# on larger variables (sgd compiled 1.04x at 1-10k floats, and sgd alone, one op a
+# variable, never: xla_trial.one_kernel_alone; adam's six fused kernels, in model.fit
+# against Keras: compiled 1.02x and in place 0.95x to 1.00x at a mean of 12.8k elements,
+# compiled 0.82x to 0.84x and in place 0.91x at 44.9k; 0.71x of the in-place step's time
+# compiled at 400k).
 # Compiling takes about 0.15 s per variable of a distinct shape.
 # On a CPU that compile is paid before the first step, and pays back only where
 # each compiled function updates many elements: the 784-256-256-10 MLP (5 shapes,
