@@ -51,7 +51,8 @@ def xla_pays(sizes: list[int | None], in_place: bool, shapes: int) -> tuple[bool
         return False, (f"{per_shape:,.0f} elements per distinct shape ({shapes} shape"
                        f"{'s' * (shapes > 1)}), fewer than the "
                        f"{AUTO_JIT_MIN_ELEMENTS_PER_SHAPE_CPU:,} where compiling each on a "
-                       "CPU, before the first step, pays for itself")
+                       "CPU, before the first step, pays for itself; jit_compile = true "
+                       "compiles them")
     return True, (f"{len(known)} variables of {mean:,.0f} elements on average (at least "
                   f"{min_mean:,})" + (f", {per_shape:,.0f} per distinct shape (at least "
                                       f"{AUTO_JIT_MIN_ELEMENTS_PER_SHAPE_CPU:,} on a CPU)"
