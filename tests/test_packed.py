@@ -79,9 +79,9 @@ def test_auto_packs_many_small_variables_of_an_elementwise_chain():
     pipe = gradpipe.build(CLIP_ADAM)
     pipe.build([tf.Variable(tf.zeros((128, 128 + i))) for i in range(20)])
     assert str(pipe.plan.pack) == (
-        'yes: "auto": 20 variables, not compiled one by one (17,600 elements per distinct '
-        "shape (20 shapes), fewer than the 262,144 where compiling each on a CPU, before "
-        "the first step, pays for itself; jit_compile = true compiles them)")
+        'yes: "auto": 20 variables, not compiled one by one: 20 distinct shapes of 17,600 '
+        "elements on average, fewer than the 262,144 where compiling each on a CPU, before "
+        "the first step, pays for itself")
     assert not _packs(_with(CLIP_ADAM, pack_variables=False), SHAPES)
     assert _packs(_with(CLIP_ADAM, pack_variables=True), SHAPES[:2])
     assert not _packs(_with(CLIP_ADAM, accumulation_steps=2), SHAPES)

@@ -191,7 +191,8 @@ def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool
         elif pack.on:
             compile_ = Choice(True, "packed: one small XLA function fuses the chain")
         else:
-            compile_ = Choice(*xla_pays(sizes, in_place.on, distinct_shapes(variables)))
+            compile_ = Choice(*xla_pays(sizes, in_place.on, distinct_shapes(variables),
+                                        hint=True))
         compile_ = attrs.evolve(compile_, reason=f'"auto": {compile_.reason}')
     else:
         compile_ = Choice(bool(mode), f"jit_compile = {'true' if mode else 'false'}")
@@ -221,7 +222,7 @@ def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],
                                  f"{AUTO_PACK_MIN_VARIABLES} where packing pays")
         pays, unpaid = xla_pays(sizes, kernel_usable, distinct_shapes(variables))
         if pays:
-            return Choice(False, f'"auto": {COMPILED_INSTEAD} ({unpaid})')
+            return Choice(False, f'"auto": {COMPILED_INSTEAD}: {unpaid}')
     if not blocker and elementwise_probe is not None:
         blocker = next((f"transform {t.name} {why}" for i, t in enumerate(spec.transforms)
                         if (why := elementwise_probe(i))), "")
@@ -230,7 +231,7 @@ def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],
             raise GradpipeError(f"[pipeline] pack_variables = true, but {blocker}")
         return Choice(False, blocker)
     return Choice(True, "pack_variables = true" if mode is True else
-                  f'"auto": {len(variables)} variables, not compiled one by one ({unpaid})')
+                  f'"auto": {len(variables)} variables, not compiled one by one: {unpaid}')
 
 
 def _pack_blocker(spec: PipelineSpec, variables: list[Any], pre_reduce: tuple[int, ...],

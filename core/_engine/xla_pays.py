@@ -31,9 +31,11 @@ AUTO_JIT_MIN_MEAN_SIZE = 4_096
 AUTO_JIT_MIN_MEAN_SIZE_IN_PLACE = 16_384
 
 
-def xla_pays(sizes: list[int | None], in_place: bool, shapes: int) -> tuple[bool, str]:
+def xla_pays(sizes: list[int | None], in_place: bool, shapes: int, hint: bool = False
+             ) -> tuple[bool, str]:
     """Few variables, not small, and on a CPU many elements per distinct shape (one
-    compile each): "auto" compiles them (one XLA loop per array)."""
+    compile each): "auto" compiles them (one XLA loop per array). ``hint``: a reason
+    against names the option that compiles them anyway."""
     min_mean = AUTO_JIT_MIN_MEAN_SIZE_IN_PLACE if in_place else AUTO_JIT_MIN_MEAN_SIZE
     if None in sizes:
         return False, "a variable has an unknown shape"
@@ -48,11 +50,11 @@ def xla_pays(sizes: list[int | None], in_place: bool, shapes: int) -> tuple[bool
                        f"{min_mean:,} where XLA pays{' over an in-place kernel' * in_place}")
     on_cpu = not accelerator_visible()
     if on_cpu and per_shape < AUTO_JIT_MIN_ELEMENTS_PER_SHAPE_CPU:
-        return False, (f"{per_shape:,.0f} elements per distinct shape ({shapes} shape"
-                       f"{'s' * (shapes > 1)}), fewer than the "
+        return False, (f"{shapes} distinct shape{'s' * (shapes > 1)} of {per_shape:,.0f} "
+                       f"elements on average, fewer than the "
                        f"{AUTO_JIT_MIN_ELEMENTS_PER_SHAPE_CPU:,} where compiling each on a "
-                       "CPU, before the first step, pays for itself; jit_compile = true "
-                       "compiles them")
+                       "CPU, before the first step, pays for itself"
+                       + "; jit_compile = true compiles them" * hint)
     return True, (f"{len(known)} variables of {mean:,.0f} elements on average (at least "
                   f"{min_mean:,})" + (f", {per_shape:,.0f} per distinct shape (at least "
                                       f"{AUTO_JIT_MIN_ELEMENTS_PER_SHAPE_CPU:,} on a CPU)"
