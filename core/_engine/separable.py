@@ -57,9 +57,10 @@ def probe_transform(transform: Any, context: Any, given_input_norm: bool = False
                     record_squared_norm(given, input_norm)
                 outputs, new = transform.update(given, old, variables)
                 # A norm of some of its inputs (one variable's, say) would read, in a
-                # function of one variable, the same list as the whole input's.
-                partial.extend(key for key, (tensors, _) in context.shared.get(
-                    "squared_norms", {}).items() if key != tuple(map(id, given))
+                # function of one variable, the same list as the whole input's: any
+                # sum of squares over its inputs but the one handed in.
+                partial.extend(value for tensors, value in context.shared.get(
+                    "squared_norms", {}).values() if value is not input_norm
                     and any(t is g for t in tensors for g in given))
             return list(outputs), tf.nest.flatten(new)
 
