@@ -53,6 +53,43 @@ def test_check_plan_shows_each_choice_with_its_reason():
 
 
 @pytest.mark.slow
+def test_a_command_that_only_answers_exits_without_tearing_tensorflow_down(write_toml):
+    """`check --plan` ends its process once it has answered (TensorFlow's teardown
+    takes 0.5-0.7 s): the whole plan reaches a pipe, errors keep their exit code, and
+    exit handlers do not run. `check` without TensorFlow exits as usual."""
+    good = write_toml("""
+        [[transforms]]
+        kind = "adam"
+    """)
+    bad = write_toml("""
+        [pipeline]
+        freeze = ["nope"]
+
+        [[transforms]]
+        kind = "sgd"
+    """, name="frozen.toml")
+    code = ("import atexit, sys; from gradpipe.cli import entry; "
+            "atexit.register(print, 'exit handlers ran', flush=True); sys.argv[1:] = "
+            "sys.argv[2:]; entry()")
+
+    def console(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code, "--", *args],
+                              capture_output=True, text=True, timeout=300)
+
+    planned = console("check", str(good), "--json", "--shapes", "64x64*40,10")
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)["plan"]  # all of it: the JSON parses
+    assert plan.startswith("plan for 41 variables") and "finite" in plan
+    assert "exit handlers ran" not in planned.stdout
+    failed = console("check", str(bad), "--shapes", "8")
+    assert failed.returncode == 1
+    assert "pipeline.freeze[0]: pattern 'nope' matches no variable" in failed.stderr
+    assert "exit handlers ran" not in failed.stdout
+    checked = console("check", str(good))
+    assert checked.returncode == 0 and "exit handlers ran" in checked.stdout
+
+
+@pytest.mark.slow
 def test_check_shapes_repeat_a_shape_and_imply_plan():
     """`--shapes 64x64*20,10` is 21 variables, and plans without --plan (it was
     ignored); `--problem` with `--shapes` is a usage error."""
