@@ -58,6 +58,45 @@ def test_fit_matches_keras_adam_global_clipnorm(jit):
     assert int(pipe.iterations.numpy()) == 16
 
 
+class CountedTraces(keras.Sequential):
+    """A model whose train step counts the times it is traced."""
+
+    traces = 0
+
+    def train_step(self, data):
+        self.traces += 1  # Python: runs once per trace
+        return super().train_step(data)
+
+
+def test_the_train_step_is_traced_once_while_the_pipeline_builds_in_it():
+    """The pipeline builds inside fit's first trace, as Keras optimizers do, without
+    making TensorFlow trace the step again (it does so for variables a trace creates;
+    the pipeline's are made eagerly). A custom loop's first step likewise. Both end
+    where a pipeline built beforehand ends."""
+    ends = []
+    for built_first in (False, True):
+        keras.utils.set_random_seed(1)
+        counted = CountedTraces([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                                 keras.layers.Dense(1)])
+        optimizer = gradpipe.build(CLIP_ADAM).keras_optimizer()
+        if built_first:
+            optimizer.build(counted.trainable_variables)
+        fit(counted, optimizer)
+        assert counted.traces == 1
+        ends.append(weights(counted))
+    assert_close(ends[0], ends[1], rtol=0, atol=0)
+    pipe, var, traces = gradpipe.build(CLIP_ADAM), tf.Variable([1.0, 2.0]), []
+
+    @tf.function
+    def step(g):
+        traces.append(1)
+        return pipe.apply_gradients([(g, var)])
+
+    for _ in range(2):
+        step(tf.constant([1.0, 1.0]))
+    assert len(traces) == 1 and int(pipe.iterations) == 2
+
+
 @pytest.mark.slow
 def test_fit_matches_loss_scale_optimizer_under_mixed_float16():
     """mixed_float16: Keras wraps Adam in LossScaleOptimizer; ours is not wrapped again."""

@@ -73,6 +73,11 @@ def optimizer_class(pipeline_type: type) -> Any:
                 self.pipeline.learning_rate = value
 
         def scale_loss(self, loss: Any) -> Any:
+            # fit's train step scales the loss before the step's first apply builds
+            # the pipeline: the loss scale compile() would add must exist already
+            if not self.built:
+                build_eagerly_once(lambda: add_keras_loss_scale(
+                    self.pipeline, keras.mixed_precision.global_policy().name, "keras"))
             return scale_loss(self.pipeline, loss)
 
         def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
