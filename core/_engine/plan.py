@@ -268,8 +268,8 @@ def _in_place(has_kernel: bool, usable: bool, pre_reduced: bool, sees_all: bool,
     return Choice(False, why) if why else _KERNEL_ON
 
 
-_KERNEL_IDLE = Choice(False, "the step is compiled (the last rule's fused kernel would "
-                             "serve it where it is not)")
+_KERNEL_IDLE = Choice(False, "the step is compiled; the last rule's fused kernel serves "
+                             "only an uncompiled step")
 _KERNEL_ON = Choice(True, "the last rule's fused kernel, where the step is not compiled "
                           "and the fused paths are open")
 

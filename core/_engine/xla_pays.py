@@ -56,7 +56,7 @@ def xla_pays(sizes: list[int | None], in_place: bool, shapes: int, hint: bool = 
                        "CPU, before the first step, pays for itself"
                        + "; jit_compile = true compiles them" * hint)
     return True, (f"{len(known)} variables of {mean:,.0f} elements on average (at least "
-                  f"{min_mean:,})" + (f", {per_shape:,.0f} per distinct shape (at least "
+                  f"{min_mean:,}{' beside an in-place kernel' * in_place})" + (f", {per_shape:,.0f} per distinct shape (at least "
                                       f"{AUTO_JIT_MIN_ELEMENTS_PER_SHAPE_CPU:,} on a CPU)"
                                       if on_cpu else ""))
 
