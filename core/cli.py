@@ -30,8 +30,8 @@ def entry() -> None:
 
     A command that only reads and prints (``check``, ``schedule``, ``from-keras``)
     leaves nothing to release once it has answered, but an interpreter that imported
-    TensorFlow spends 0.5-0.7 s tearing it down on exit (2 cores; a quarter of
-    ``check --plan``'s own time for 50 x 400k floats). Such a command ends the
+    TensorFlow spends 0.5-0.7 s tearing it down on exit (2 cores; about 15% of a
+    ``check --plan`` of 50 x 400k floats). Such a command ends the
     process at once, its output flushed; the others (``run``, ``serve``) exit as
     usual, since a run's distributed peers and files may wait on a clean shutdown.
     """
