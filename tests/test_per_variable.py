@@ -313,7 +313,7 @@ def test_the_plan_never_says_yes_to_xla_and_to_the_uncompiled_kernel(capsys):
     assert "XLA           yes" in plan and ("in place      no: the step is compiled; the "
                                             "last rule's fused kernel serves only an "
                                             "uncompiled step") in plan
-    assert "elements on average (at least 16,384 beside an in-place kernel)" in plan
+    assert "on average (at least 16,384 where XLA pays over an in-place kernel)" in plan
     pipe = gradpipe.build({"transforms": [{"kind": "adam"}],
                            "pipeline": {"jit_compile": False}})
     pipe.build([tf.Variable(tf.zeros([400, 100]))])

@@ -271,7 +271,7 @@ def _in_place(has_kernel: bool, usable: bool, pre_reduced: bool, sees_all: bool,
 _KERNEL_IDLE = Choice(False, "the step is compiled; the last rule's fused kernel serves "
                              "only an uncompiled step")
 _KERNEL_ON = Choice(True, "the last rule's fused kernel, where the step is not compiled "
-                          "and the fused paths are open")
+                          "and its gradients allow (dense, one replica, no summary writer)")
 
 
 def kernel_idle(plan: Plan) -> bool:

@@ -55,7 +55,7 @@ def xla_pays(sizes: list[int | None], in_place: bool, shapes: int, hint: bool = 
                        f"{AUTO_JIT_MIN_ELEMENTS_PER_SHAPE_CPU:,} where compiling each on a "
                        "CPU, before the first step, pays for itself"
                        + "; jit_compile = true compiles them" * hint)
-    beside = " beside an in-place kernel" * in_place
+    beside = " where XLA pays over an in-place kernel" * in_place
     per_cpu = (f", {per_shape:,.0f} per distinct shape (at least "
                f"{AUTO_JIT_MIN_ELEMENTS_PER_SHAPE_CPU:,} on a CPU)") if on_cpu else ""
     return True, (f"{len(known)} variables of {mean:,.0f} elements on average (at least "
