@@ -2,7 +2,7 @@
 
 ``import tensorflow`` imports Keras, and Keras imports scikit-learn (for its
 estimator wrappers) and matplotlib's pyplot (for its image gallery) whenever
-they are installed: about 3 of the 8 seconds the import takes on a 2-core
+they are installed: about a third of the time the import takes on a 2-core
 machine, paid by every ``gradpipe run`` and ``check --plan`` although neither
 uses those wrappers. While the command line imports TensorFlow, those two
 imports, and only when Keras's wrapper or gallery modules make them, fail as

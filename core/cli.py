@@ -210,6 +210,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .api import parse
 
     spec = parse(args.file)
+    if args.plan and not (args.problem or args.shapes) and spec.problem is None:
+        # a usage error, found before TensorFlow is imported: the file is valid
+        print("gradpipe check: error: --plan needs variables to plan for: the file has no "
+              "[problem]; pass --shapes (784x256,256,256x10,10) or --problem (quadratic)",
+              file=sys.stderr)
+        return 2
     if args.plan or args.problem or args.shapes:
         from .runner import plan_problem
 

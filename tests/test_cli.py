@@ -230,6 +230,19 @@ def test_run_without_problem_is_clear(write_toml):
     assert "no problem to run" in result.stderr
 
 
+def test_check_plan_without_variables_to_plan_for_is_a_usage_error(write_toml):
+    """`check --plan` on a file without [problem] and without --shapes: a usage error
+    (exit 2) naming both ways to give variables, before TensorFlow is imported."""
+    path = write_toml('[[transforms]]\nkind = "sgd"\n')
+    code = ("import sys; from gradpipe.cli import main; rc = main(sys.argv[1:]); "
+            "assert 'tensorflow' not in sys.modules; sys.exit(rc)")
+    result = subprocess.run([sys.executable, "-c", code, "check", str(path), "--plan"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert ("--plan needs variables to plan for: the file has no [problem]; pass --shapes "
+            "(784x256,256,256x10,10) or --problem (quadratic)") in result.stderr
+
+
 @pytest.mark.slow
 def test_schedule_csv_json_and_plot(tmp_path):
     example = str(ROOT / "examples" / "openseq2seq.toml")
