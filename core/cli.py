@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_describe)
 
     p = sub.add_parser("check", help="validate a pipeline file")
-    p.add_argument("file", type=pipeline_file)
+    p.add_argument("file", metavar="FILE", type=pipeline_file)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--resolved", action="store_true",
                    help="print only the resolved TOML (defaults and [lock] filled in)")
@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check, answers_only=True)
 
     p = sub.add_parser("schedule", help="evaluate (and plot) the schedules of a file")
-    p.add_argument("file", type=pipeline_file)
+    p.add_argument("file", metavar="FILE", type=pipeline_file)
     p.add_argument("--name", help="only this schedule (a [schedules] name or a key path)")
     p.add_argument("--steps", type=int, required=True, help="evaluate steps 0..S-1")
     p.add_argument("--csv", action="store_true", help="print step,value columns")

@@ -170,7 +170,7 @@ def test_a_missing_file_is_a_usage_error_naming_the_nearest_one(command):
     typo = str(ROOT / "examples" / "quickstar.toml")
     result = gradpipe_cli(command, typo, *(["--steps", "3"] if command == "schedule" else []))
     assert result.returncode == 2, result.stderr
-    assert (f"{typo}: no such file (did you mean "
+    assert (f"argument FILE: {typo}: no such file (did you mean "
             f"{str(ROOT / 'examples' / 'quickstart.toml')!r}?)") in result.stderr
     assert "problem(s) in the pipeline" not in result.stderr
     elsewhere = gradpipe_cli(command, str(ROOT / "nowhere" / "x.toml"),
