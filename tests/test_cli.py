@@ -17,6 +17,14 @@ def gradpipe_cli(*args: str, env: dict[str, str] | None = None):
     return gradpipe_command(*args, env=env, timeout=300)
 
 
+def without_tensorflow(*args: str) -> subprocess.CompletedProcess:
+    """``gradpipe ARGS`` in a new process that fails if the command imported TensorFlow."""
+    code = ("import sys; from gradpipe.cli import main; rc = main(sys.argv[1:]); "
+            "assert 'tensorflow' not in sys.modules; sys.exit(rc)")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                          text=True, timeout=300)
+
+
 def test_plugins_json_lists_builtins_with_provenance():
     result = gradpipe_cli("plugins", "--all", "--json")
     assert result.returncode == 0, result.stderr
@@ -153,11 +161,8 @@ def test_check_and_run_refuse_a_chain_without_an_update_rule(write_toml):
         kind = "clip_by_global_norm"
         clip_norm = 1.0
     """)
-    code = ("import sys; from gradpipe.cli import main; rc = main(sys.argv[1:]); "
-            "assert 'tensorflow' not in sys.modules; sys.exit(rc)")
     for command in ("check", "run"):
-        result = subprocess.run([sys.executable, "-c", code, command, str(path)],
-                                capture_output=True, text=True, timeout=300)
+        result = without_tensorflow(command, str(path))
         assert result.returncode == 1, (command, result.stdout, result.stderr)
         assert f"{path}:4: transforms: no update rule in the chain" in result.stderr
         assert "such as 'adam' or 'sgd' as the last transform" in result.stderr
@@ -184,10 +189,7 @@ def test_listing_and_checking_do_not_import_tensorflow(command):
     """`plugins` and `check` stay fast: TensorFlow is never imported."""
     args = [str(ROOT / "examples" / "quickstart.toml") if a == "QUICKSTART" else a
             for a in command]
-    code = ("import sys; from gradpipe.cli import main; rc = main(sys.argv[1:]); "
-            "assert 'tensorflow' not in sys.modules; sys.exit(rc)")
-    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
-                            text=True)
+    result = without_tensorflow(*args)
     assert result.returncode == 0, result.stderr
 
 
@@ -234,10 +236,7 @@ def test_check_plan_without_variables_to_plan_for_is_a_usage_error(write_toml):
     """`check --plan` on a file without [problem] and without --shapes: a usage error
     (exit 2) naming both ways to give variables, before TensorFlow is imported."""
     path = write_toml('[[transforms]]\nkind = "sgd"\n')
-    code = ("import sys; from gradpipe.cli import main; rc = main(sys.argv[1:]); "
-            "assert 'tensorflow' not in sys.modules; sys.exit(rc)")
-    result = subprocess.run([sys.executable, "-c", code, "check", str(path), "--plan"],
-                            capture_output=True, text=True, timeout=300)
+    result = without_tensorflow("check", str(path), "--plan")
     assert result.returncode == 2, result.stderr
     assert ("--plan needs variables to plan for: the file has no [problem]; pass --shapes "
             "(784x256,256,256x10,10) or --problem (quadratic)") in result.stderr
