@@ -46,9 +46,7 @@ def optimizer_class(pipeline_type: type) -> Any:
         def build(self, var_list: Any) -> None:
             if self.built:
                 return
-            # compile() left us unwrapped: add the loss scaling it would have added
-            add_keras_loss_scale(self.pipeline, keras.mixed_precision.global_policy().name,
-                                 "keras")
+            self._add_compiles_loss_scale()
             keras.optimizers.Optimizer.build(self, var_list)
             self.pipeline.build(list(var_list))
 
@@ -76,9 +74,13 @@ def optimizer_class(pipeline_type: type) -> Any:
             # fit's train step scales the loss before the step's first apply builds
             # the pipeline: the loss scale compile() would add must exist already
             if not self.built:
-                build_eagerly_once(lambda: add_keras_loss_scale(
-                    self.pipeline, keras.mixed_precision.global_policy().name, "keras"))
+                build_eagerly_once(self._add_compiles_loss_scale)
             return scale_loss(self.pipeline, loss)
+
+        def _add_compiles_loss_scale(self) -> None:
+            # compile() left us unwrapped: add the loss scaling it would have added
+            add_keras_loss_scale(self.pipeline, keras.mixed_precision.global_policy().name,
+                                 "keras")
 
         def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
             variables = (trainable_variables if trainable_variables is not None
