@@ -9,12 +9,14 @@ back through the plan it decides, and asked again once the source changes.
 
 from __future__ import annotations
 
+import inspect
 import json
 import textwrap
 
 import pytest
 
 import gradpipe
+from conftest import register_transform
 
 PLUGIN = """
     import attrs
@@ -105,13 +107,37 @@ def test_an_empty_cache_folder_keeps_nothing_on_disk(tmp_path, monkeypatch):
     assert not list(tmp_path.rglob("*"))
 
 
+def _halved(config):
+    """A transform that lowers to XLA, though one of its ops is not among those whose
+    lowering a build reads off the trace (``EnsureShape``): a build lowers it."""
+    import tensorflow as tf
+
+    from gradpipe.plugin import Transform, no_state
+
+    def update(grads, state, variables):
+        return [None if g is None else tf.ensure_shape(g, g.shape) * 0.5 for g in grads], state
+
+    return Transform(no_state, update)
+
+
+HALVED = f"""
+    import attrs
+    from gradpipe.plugin import hookimpl
+
+{textwrap.indent(textwrap.dedent(inspect.getsource(_halved)), "    ")}
+    @hookimpl
+    def gradpipe_register_transforms(register):
+        register("halved", _halved, attrs.frozen(kw_only=True)(type("C", (), {{}})))
+"""
+
 LOWERED = """
     import sys
     import tensorflow as tf
     import gradpipe
 
     for size in map(int, sys.argv[1:]):
-        pipe = gradpipe.build({"transforms": [{"kind": "adagrad"}]})  # "auto": XLA tried
+        pipe = gradpipe.build({"transforms": [{"kind": "halved"},  # "auto": XLA tried
+                                              {"kind": "adagrad"}]})
         pipe.build([tf.Variable(tf.zeros([size]))])
         print(pipe.plan.compile)
 """
@@ -119,8 +145,11 @@ LOWERED = """
 
 @pytest.mark.slow
 def test_whether_xla_lowers_a_trace_is_read_back_for_that_very_trace(fake_dists, tmp_path):
-    """A build lowers each function it would compile to XLA; the answer is kept for
-    that trace, and only for it: a variable of another shape is another trace."""
+    """A build lowers each function it would compile to XLA, where its ops alone do
+    not tell; the answer is kept for that trace, and only for it: a variable of
+    another shape is another trace."""
+    fake_dists.add("gradpipe-halved", "0.1", {"halved": "halved_plugin"},
+                   {"halved_plugin": HALVED})
     cache = tmp_path / "cache"
     env = {"GRADPIPE_CACHE_DIR": str(cache)}
 
@@ -132,13 +161,37 @@ def test_whether_xla_lowers_a_trace_is_read_back_for_that_very_trace(fake_dists,
 
     assert all(line.startswith("yes: ") for line in plans(300_000, 400_000))
     path, answers = _answers(cache)
-    assert list(answers.values()) == ["", ""]  # both traces lower
+    lowered = [key for key, answer in answers.items() if answer == ""]
+    assert len(lowered) == 2  # both traces lower (the rest: how its outputs are bounded)
     # an answer the lowering would not give, to see that the next process uses it
-    path.write_text(json.dumps(dict.fromkeys(answers, "transform adagrad failed to "
-                                                     "compile: planted")))
+    path.write_text(json.dumps({**answers, **dict.fromkeys(
+        lowered, "transform halved failed to compile: planted")}))
     first, again, other = plans(300_000, 400_000, 500_000)
-    assert first == again == 'no: "auto": transform adagrad failed to compile: planted'
+    assert first == again == 'no: "auto": transform halved failed to compile: planted'
     assert other.startswith("yes: ")
+
+
+@pytest.mark.parametrize("kind, shapes", [
+    ("adagrad", [(262_147,)]),
+    ("adafactor", [(512, 513), (262_147,), (8, 64, 520)]),  # factored; checked: conditionals
+])
+def test_a_maths_whose_ops_xla_lowers_whatever_their_values_is_not_lowered_at_build(
+        kind, shapes, tmp_path, monkeypatch):
+    """Elementwise maths, reductions over fixed axes, conditionals and variable reads
+    lower to XLA whatever their values: a build reads that off each trace (nothing to
+    lower, so nothing to remember), and the compiled step runs."""
+    import tensorflow as tf
+
+    monkeypatch.setenv("GRADPIPE_CACHE_DIR", str(tmp_path))
+    pipe = gradpipe.build({"transforms": [{"kind": kind}]})  # "auto": XLA tried
+    variables = [tf.Variable(tf.ones(shape)) for shape in shapes]
+    pipe.build(variables)
+    assert pipe.plan.compile.on, pipe.plan
+    assert not list(tmp_path.glob("*.json"))
+    pairs = [(tf.ones(shape), v) for shape, v in zip(shapes, variables)]
+    assert pipe.path(pairs) == "compiled"
+    assert bool(pipe.apply_gradients(pairs))
+    assert all(v.numpy().max() < 1.0 for v in variables)
 
 
 def _fit_two_dense_layers() -> str:
@@ -148,7 +201,9 @@ def _fit_two_dense_layers() -> str:
     # 264k elements per shape: "auto" compiles them on a CPU
     model = keras.Sequential([keras.Input((1025,)), keras.layers.Dense(513),
                               keras.layers.Dense(1031)])
-    pipe = gradpipe.build({"transforms": [{"kind": "lion"}]})  # "auto": XLA tried
+    register_transform("halved", _halved)
+    pipe = gradpipe.build({"transforms": [{"kind": "halved"},  # "auto": XLA tried
+                                          {"kind": "lion"}]})
     model.compile(optimizer=pipe.keras_optimizer(), loss="mse")
     model.fit(np.ones((4, 1025), "f4"), np.ones((4, 1031), "f4"), verbose=0)
     return str(pipe.plan.per_variable)

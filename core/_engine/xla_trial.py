@@ -1,8 +1,9 @@
 """Trying a step on XLA at build: does it lower, does it give the plain step's
 numbers, and does it beat the last rule's in-place kernel?
 
-XLA is never taken on a component's word. ``compiled_or_why_not`` lowers the
-traced step (or each per-variable function) to HLO at build, and the first
+XLA is never taken on a component's word. ``compiled_or_why_not`` reads the
+answer off the traced step (or each per-variable function) where its ops tell
+for certain (``xla_ops``), and else lowers it to HLO at build; the first
 failure, named after the transform whose name scope it comes from, becomes the
 plan's reason for not compiling. Random draws are refused up front: XLA draws
 other numbers than TensorFlow's kernels, so a compiled step would not be the
@@ -21,6 +22,7 @@ import tensorflow as tf
 from ..transform import build_scope
 from .answers import remembered_for
 from .plan import Plan, kernel_idle
+from .xla_ops import lowers_by_its_ops
 
 # Random ops, stateful or not (after the prefix): XLA draws other numbers than TF's
 # kernels do.
@@ -45,8 +47,8 @@ def random_draws(function: Any, args: tuple[Any, ...], names: dict[str, str]) ->
 
 def compiled_or_why_not(function: Any, args: tuple[Any, ...], names: dict[str, str],
                         lowered: set[str]) -> str:
-    """Lower ``function`` (``jit_compile=True``) for ``args`` to XLA: "" if it compiles
-    and gives what the plain step gives, else why not, naming the transform
+    """Whether ``function`` (``jit_compile=True``) lowers to XLA for ``args``: "" if its
+    ops alone say so, or it lowers, else why not, naming the transform
     (``names``: name scope -> transform). The trace is the one the step reuses; the
     answer is remembered for that trace (a restart lowers nothing it lowered).
     ``lowered``: the shapeless digests of the build's functions that lowered; one
@@ -56,6 +58,8 @@ def compiled_or_why_not(function: Any, args: tuple[Any, ...], names: dict[str, s
     if draws:
         return draws
     concrete = function.get_concrete_function(*args)
+    if lowers_by_its_ops(concrete.graph):
+        return ""
     shapeless = trace_digest(concrete, shapes=False)
     if shapeless in lowered:
         return ""
