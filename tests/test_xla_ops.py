@@ -16,7 +16,7 @@ import tensorflow as tf
 from gradpipe._engine.xla_ops import lowers_by_its_ops
 
 
-def _from_weights(g, v):
+def _from_weights(v):
     """0 or 1 read from the weights: a value XLA cannot know when it compiles."""
     return tf.cast(tf.reduce_max(v) > 1e30, tf.int32)
 
@@ -32,18 +32,17 @@ CASES = {
     "shapes": (True, lambda g, v: tf.fill(tf.shape(g), tf.reduce_max(g))),
     "float64": (True, lambda g, v: tf.cast(tf.sqrt(tf.cast(g, tf.float64)), tf.float32)),
     "an axis from the weights": (False, lambda g, v: tf.reverse(
-        g, axis=tf.reshape(_from_weights(g, v), [1]))),
+        g, axis=tf.reshape(_from_weights(v), [1]))),
     "a scan's axis from the gradients": (False, lambda g, v: tf.cumsum(
         g, axis=tf.cast(tf.reduce_max(g) > 1e30, tf.int32))),
     "multiples from the weights": (False, lambda g, v: tf.tile(
-        g, tf.stack([1 + _from_weights(g, v), 1]))),
+        g, tf.stack([1 + _from_weights(v), 1]))),
     "numpy": (False, lambda g, v: tf.numpy_function(lambda x: x * 0.5, [g], tf.float32)),
     "a string op": (False, lambda g, v: g * tf.cast(tf.strings.length("ab"), tf.float32)),
     "strings": (False, lambda g, v: g * tf.cast(tf.size(tf.identity(["a", "b"])), tf.float32)),
     "a loop": (False, lambda g, v: tf.while_loop(lambda i, x: i < 3,
                                                  lambda i, x: (i + 1, x * 0.5), (0, g))[1]),
 }
-
 
 OPERANDS_FROM_VALUES = ("an axis from the weights", "a scan's axis from the gradients",
                         "multiples from the weights")
