@@ -67,3 +67,13 @@ def test_a_trace_said_to_lower_lowers(name):
         assert not lowered  # XLA needs them as constants: answered by lowering, not read
     elif said:
         assert lowered
+
+
+def test_an_argument_xla_cannot_take_is_left_to_xla():
+    """A string argument, unused: every op lowers, but XLA takes no string
+    parameter, so the trace is not said to lower."""
+    function = tf.function(lambda g, s: g * 2.0, jit_compile=True, autograph=False)
+    specs = (tf.TensorSpec([3], tf.float32), tf.TensorSpec([], tf.string))
+    assert not lowers_by_its_ops(function.get_concrete_function(*specs).graph)
+    with pytest.raises(Exception, match="_Arg"):
+        function.experimental_get_compiler_ir(*specs)(stage="hlo")

@@ -76,8 +76,7 @@ def _graph_lowers(graph: Any, devices: tuple[str, ...]) -> bool:
                 return False
         elif kind not in _ANY_OPERANDS and kind not in _FIXED_OPERANDS:
             return False
-        if kind != "Placeholder" and not all(  # an argument: a parameter of the HLO
-                _registered(kind, _type_attrs(op), device) for device in devices):
+        if not all(_registered(*_kernel_of(op), device) for device in devices):
             return False
         if any(t.dtype != tf.resource and not t.shape.is_fully_defined() for t in op.outputs):
             return False
@@ -103,6 +102,14 @@ def _static(op: Any, depth: int = 0) -> bool:
     if op.type not in _FOLDS or depth > 16:
         return False
     return all(_static(t.op, depth + 1) for t in op.inputs)
+
+
+def _kernel_of(op: Any) -> tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]:
+    """The XLA kernel ``op`` needs, and its type attributes. An argument (a trace's
+    placeholder) is a parameter of the HLO, XLA's ``_Arg``, which takes no string."""
+    if op.type == "Placeholder":
+        return "_Arg", (("T", (op.get_attr("dtype").as_datatype_enum,)),)
+    return op.type, _type_attrs(op)
 
 
 def _type_attrs(op: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
