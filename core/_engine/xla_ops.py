@@ -40,12 +40,16 @@ _ANY_OPERANDS = _names("""
     ReadVariableOp AssignVariableOp AssignAddVariableOp AssignSubVariableOp
     Const NoOp Placeholder Shape Size Rank
 """)
-# Operands such as axes, shapes and bounds, which XLA needs as constants: each
-# integer operand must be computed from constants and static shapes alone.
-_FIXED_OPERANDS = _names("""
-    All Any ArgMax ArgMin BroadcastTo ConcatV2 Cumprod Cumsum ExpandDims Fill Max Mean Min
-    Pad Prod Range Reshape ReverseV2 Slice Split SplitV Squeeze StridedSlice Sum Tile Transpose
-""")
+# The operands XLA needs as constants (axes, shapes, bounds; -1: the last), each of
+# which must be computed from constants and static shapes alone; any other operand
+# may hold any value.
+_CONSTANT_OPERANDS: dict[str, tuple[int, ...]] = {
+    **dict.fromkeys(_names("All Any ArgMax ArgMin Max Mean Min Prod Sum"), (1,)),
+    **dict.fromkeys(_names("BroadcastTo Cumprod Cumsum ExpandDims Pad Reshape ReverseV2 Tile "
+                           "Transpose"), (1,)),
+    "ConcatV2": (-1,), "Fill": (0,), "Range": (0, 1, 2), "Slice": (1, 2), "Split": (0,),
+    "SplitV": (1, 2), "Squeeze": (), "StridedSlice": (1, 2, 3),
+}
 # Functional ops: their bodies are checked as part of the trace.
 _CALLS = _names("If StatelessIf PartitionedCall StatefulPartitionedCall")
 # Producers whose integer outputs XLA folds to constants when their inputs are.
@@ -74,14 +78,13 @@ def _graph_lowers(graph: Any, devices: tuple[str, ...]) -> bool:
             if not all(name in library and _graph_lowers(library[name].graph, devices)
                        for name in _called(op)):
                 return False
-        elif kind not in _ANY_OPERANDS and kind not in _FIXED_OPERANDS:
+        elif kind not in _ANY_OPERANDS and kind not in _CONSTANT_OPERANDS:
             return False
         if not all(_registered(*_kernel_of(op), device) for device in devices):
             return False
         if any(t.dtype != tf.resource and not t.shape.is_fully_defined() for t in op.outputs):
             return False
-        if kind in _FIXED_OPERANDS and not all(
-                _static(t.op) for t in op.inputs if t.dtype.is_integer):
+        if not all(_static(op.inputs[i].op) for i in _CONSTANT_OPERANDS.get(kind, ())):
             return False
     return True
 
