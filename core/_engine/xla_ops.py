@@ -10,8 +10,9 @@ type and dtype), without lowering anything.
 
 Anything else is not guessed: an op outside the list below, a shape not known
 when traced, an integer operand XLA would need as a constant but that is
-computed from a variable or an argument, a function body not traced here, or a
-device other than a CPU or GPU. The trial then lowers the trace as before. A
+computed from a variable or an argument, an argument of a type XLA takes no
+parameter of (a string), a function body not traced here, or a device other
+than a CPU or GPU. The trial then lowers the trace as before. A
 wrong "yes" would fail at the first step, after earlier functions of the same
 step had run, so the list holds only ops whose lowering never depends on what
 flows through them.
