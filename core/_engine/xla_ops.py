@@ -61,6 +61,20 @@ _FOLDS = _names("""
 _STATIC = _names("Const Shape Size Rank")
 
 
+# Ops whose XLA code on a CPU is measured slower than TensorFlow's kernel: a sort
+# or top-k (tf.sort, tf.math.top_k, tf.argsort) of 360k floats took 121-139 ms
+# compiled against 34-62 ms plain, 2 cores.
+_SLOWER_ON_A_CPU = _names("TopKV2")
+
+
+def slower_on_a_cpu(ops: list[Any]) -> Any:
+    """The first of ``ops`` that XLA runs slower than TensorFlow's kernel where the
+    step runs on a CPU (no GPU visible), else None."""
+    if "GPU" in {d.device_type for d in tf.config.list_logical_devices()}:
+        return None
+    return next((op for op in ops if op.type in _SLOWER_ON_A_CPU), None)
+
+
 def lowers_by_its_ops(graph: Any) -> bool:
     """True where every op of ``graph`` and of the functions it calls is certain to
     lower to XLA on the devices at hand; False where that is not certain (lower it
