@@ -40,7 +40,11 @@ def no_state(variables: Sequence[Any]) -> tuple[()]:
 
 
 def map_grads(fn: Callable[..., Any], grads: Sequence[Any], *rest: Sequence[Any]) -> list[Any]:
-    """Apply ``fn(g, *others)`` to every non-``None`` gradient; keep ``None`` as is."""
+    """Apply ``fn(g, *others)`` to every non-``None`` gradient; keep ``None`` as is.
+
+    A gradient comes as it is: a ``tf.IndexedSlices`` too (an embedding's). Where
+    ``fn`` fails on one, the engine makes sparse gradients dense before the step,
+    and the plan's ``by rows`` row names the transform."""
     return [None if g is None else fn(g, *others) for g, *others in zip(grads, *rest)]
 
 
