@@ -57,8 +57,9 @@ def _slower_compiled(graph: Any, names: dict[str, str]) -> str:
 
 def compiled_or_why_not(function: Any, args: tuple[Any, ...], names: dict[str, str],
                         lowered: set[str]) -> str:
-    """Whether ``function`` (``jit_compile=True``) lowers to XLA for ``args``: "" if its
-    ops alone say so, or it lowers, else why not, naming the transform
+    """Whether "auto" compiles ``function`` (``jit_compile=True``) for ``args``: "" if
+    its ops alone say it lowers to XLA, or it lowers, else why not (it draws random
+    numbers, sorts on a CPU, or fails to lower), naming the transform
     (``names``: name scope -> transform). The trace is the one the step reuses; the
     answer is remembered for that trace (a restart lowers nothing it lowered).
     ``lowered``: the shapeless digests of the build's functions that lowered; one
