@@ -42,9 +42,8 @@ def no_state(variables: Sequence[Any]) -> tuple[()]:
 def map_grads(fn: Callable[..., Any], grads: Sequence[Any], *rest: Sequence[Any]) -> list[Any]:
     """Apply ``fn(g, *others)`` to every non-``None`` gradient; keep ``None`` as is.
 
-    A gradient comes as it is: a ``tf.IndexedSlices`` too (an embedding's). Where
-    ``fn`` fails on one, the engine makes sparse gradients dense before the step,
-    and the plan's ``by rows`` row names the transform."""
+    A gradient comes as it is, a ``tf.IndexedSlices`` too (an embedding's): where ``fn``
+    fails on one, the engine makes them dense first (the plan's ``by rows`` says so)."""
     return [None if g is None else fn(g, *others) for g, *others in zip(grads, *rest)]
 
 
