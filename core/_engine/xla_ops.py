@@ -25,6 +25,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from ..transform import accelerator_visible
+
 
 def _names(text: str) -> frozenset[str]:
     return frozenset(text.split())
@@ -69,8 +71,9 @@ _SLOWER_ON_A_CPU = _names("TopKV2")
 
 def slower_on_a_cpu(ops: list[Any]) -> Any:
     """The first of ``ops`` that XLA runs slower than TensorFlow's kernel where the
-    step runs on a CPU (no GPU visible), else None."""
-    if "GPU" in {d.device_type for d in tf.config.list_logical_devices()}:
+    step runs on a CPU (no GPU or TPU visible, as "auto"'s size rule reads it), else
+    None."""
+    if accelerator_visible():
         return None
     return next((op for op in ops if op.type in _SLOWER_ON_A_CPU), None)
 
