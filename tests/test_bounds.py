@@ -34,10 +34,12 @@ MATHS = {
                           0.999 * m + 0.001 * tf.square(g)),
             lambda g, m: (g / (np.sqrt(np.float32(0.999) * m + np.float32(0.001) * g * g)
                                + np.float32(1e-7)),
-                          np.float32(0.999) * m + np.float32(0.001) * g * g)),
+                          np.float32(0.999) * m + np.float32(0.001) * (g * g))),
     "normalized": (lambda g, m: (g / (tf.norm(g) + 1e-12) + tf.tanh(m), m),
-                   lambda g, m: (g / (np.sqrt(np.sum(g * g, dtype=np.float32))
-                                      + np.float32(1e-12)) + np.tanh(m), m)),
+                   lambda g, m: (g / (_norm(g) + np.float32(1e-12)) + np.tanh(m), m)),
+    # a trust ratio: the interval of a norm holds 0, so the bound takes its value
+    "trust": (lambda g, m: (g * tf.norm(m) / tf.norm(g), m + g),
+              lambda g, m: (g * _norm(m) / _norm(g), m + g)),
     "log": (lambda g, m: (tf.math.log(tf.abs(g) + 1.0), tf.maximum(m, g)),
             lambda g, m: (np.log(np.abs(g) + np.float32(1)), np.maximum(m, g))),
     "difference": (lambda g, m: ((m - g) * 1e20, m - g),
@@ -49,6 +51,22 @@ MATHS = {
                  lambda g, m: ((-np.abs(m) - np.abs(g)) * np.float32(1e20), m)),
     "power": (lambda g, m: (g / tf.pow(tf.square(m) + 1.0, 0.5), m + g ** 2),
               lambda g, m: (g / np.power(m * m + np.float32(1), np.float32(0.5)), m + g * g)),
+}
+
+
+def _norm(x):
+    return np.sqrt(np.sum(x * x, dtype=np.float32))
+
+
+# what the plan says each bound reads, where not the input's norm and the state's norm
+READS = {
+    # rms takes the square root of its state, whose sign its norm does not tell: it is
+    # bounded from the state's range (its least and largest element) instead
+    "rms": "its input's norm and its state's range (",
+    "normalized": "its input's norm and its state's norm, which also bound the norms "
+                  "and sums it computes (",
+    "trust": "its input's norm, its state's norm and the norms and sums it computes, "
+             "computed again (",
 }
 
 
@@ -93,11 +111,8 @@ ELEMENTS = st.sampled_from([0.0, 1e-30, 1.0, -3.0, 60.0, 1e10, 1e19, -1e19, -2e1
 @example(name="negative", jit=False, state=[1e19, 0.0, 0.0], grads=[[1.0, 0.0, 0.0]])
 def test_a_step_is_applied_exactly_when_its_outputs_are_finite(name, jit, state, grads):
     pipe, (var, *padding), step = _bounded_step(name, jit)
-    # rms takes the square root of its state, whose sign its norm does not tell: it is
-    # bounded from the state's range (its least and largest element) instead
-    held = "its state's range" if name == "rms" else "its state's norm"
-    assert f"bounded: its traced maths, from its input's norm and {held}" in \
-        pipe.plan.checks[0], pipe.plan
+    reads = READS.get(name, "its input's norm and its state's norm (")
+    assert f"bounded: its traced maths, from {reads}" in pipe.plan.checks[0], pipe.plan
     slots = list(pipe.transform_state(0).values())
     for v in [var, *padding, *slots[1:]]:  # zeros, as in a new pipeline
         v.assign(tf.zeros_like(v))

@@ -117,3 +117,26 @@ def test_the_plan_names_the_leaves_whose_range_a_built_in_rule_reads(kind, range
     assert (f"{kind} at transforms[0]: bounded: its traced maths, from its input's norm, "
             f"the range of its {ranged} and the norm of the rest of its state") \
         in str(pipe.plan), pipe.plan
+
+
+@pytest.mark.parametrize("chain, reads", [
+    # a gradient over its own norm: that norm's bound keeps the quotient finite
+    ([{"kind": "novograd"}], "its input's norm and its state's norm, which also bound "
+                             "the norms and sums it computes"),
+    ([{"kind": "clip_by_norm", "clip_norm": 1.0}, {"kind": "sgd"}],
+     "its input's norm and its state's norm, which also bound the norms and sums it "
+     "computes"),
+    # a trust ratio divides by a norm whose bound holds 0: it takes the norm's value
+    ([{"kind": "sgd"}, {"kind": "lars"}], "its input's norm, its state's norm and the "
+                                          "norms and sums it computes, computed again"),
+])
+def test_a_norm_the_maths_computes_is_bounded_not_computed_again_where_that_holds(
+        chain, reads):
+    """A per-variable norm inside a transform's maths costs the guard a pass over the
+    variable where the bound takes its value; its bound, from the input's norm, costs a
+    few scalar ops. The build takes the value only where the bound fails without it."""
+    pipe = gradpipe.build({"transforms": chain, "pipeline": {"jit_compile": True}})
+    pipe.build([tf.Variable(tf.zeros([4, 3]))])
+    kind = next(t["kind"] for t in chain if t["kind"] != "sgd")
+    assert f"{kind} at transforms[{[t['kind'] for t in chain].index(kind)}]: bounded: its " \
+        f"traced maths, from {reads} (checked" in str(pipe.plan), pipe.plan

@@ -57,7 +57,7 @@ def _analysis_code() -> str:
     """A digest of the analysis's own modules: an answer found by other bounds is
     found again, even where gradpipe's version is unchanged (a source checkout)."""
     digest = hashlib.sha256()
-    for name in ("guard.py", "bounds.py", "intervals.py", "state_reads.py"):
+    for name in ("guard.py", "bounds.py", "intervals.py", "scalar_values.py", "state_reads.py"):
         with contextlib.suppress(OSError):
             digest.update((Path(__file__).parent / name).read_bytes())
     return digest.hexdigest()

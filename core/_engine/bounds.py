@@ -6,7 +6,9 @@ gives each an interval ``[lo, hi]`` holding every element: the gradients lie
 within their largest magnitude (the step knows their norm, or the bound the
 previous transform's analysis gave), the state within its own norm (one read
 of the state), a weight the maths reads (decoupled weight decay) within its
-own norm, constants and scalars are what they are. Each operation turns
+own norm, constants and scalars are what they are, but for the norms and sums
+the maths computes, which lie within the interval of what they reduce
+(:mod:`gradpipe._engine.scalar_values`). Each operation turns
 its inputs' intervals into its own in a few scalar ops. Where every interval
 lies inside its dtype's range, with room for float rounding, and every
 operation's domain holds (no square root below 0, no divisor whose interval
@@ -30,11 +32,11 @@ from .intervals import (
     interval_of,
     largest_magnitude,
     limit_of,
-    same_value,
     state_range,
     structure,
     within_norm,
 )
+from .scalar_values import own_values, same_value
 
 
 class Bounded(NamedTuple):
@@ -43,19 +45,23 @@ class Bounded(NamedTuple):
 
 
 def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval],
-                  values: dict[Any, Any] | None = None) -> Bounded:
+                  values: dict[Any, Any] | None = None, *, by_value: bool = False
+                  ) -> Bounded:
     """Bounds of ``outputs`` (tensors traced in the current graph) from the intervals
     ``known`` of their inputs (``tensor.ref()`` -> Interval); raises ``Unbounded``.
     A read of a variable whose interval the step gave (``shared["weights"]``, by
     handle) takes it; any other lies within its own norm. With ``values``
-    (``intervals.taken_as_values``' tensors -> their values, computed already) and
+    (``scalar_values.taken_as_values``' tensors -> their values, computed already) and
     ``known`` computed too, the bounds are computed now, outside ``outputs``' graph.
+    A scalar is taken as its own value where ``scalar_values.own_values(by_value)``
+    says so, else given the interval of the maths that computes it.
 
     Operations of the same kind on the same intervals share one interval, and so do
     scalars of the same value (``same_value``), so a transform's maths repeated for
     each variable costs its scalar ops once."""
     memo: dict[Any, Interval] = dict(known)
     values = values or {}
+    own_value = own_values(by_value)
     weights = current_context().shared.get("weights", {})  # variable handle -> Interval
     same: dict[tuple[Any, ...], Interval] = {}
     scalars: dict[Any, Any] = {}  # same_value's keys
@@ -87,8 +93,9 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval],
                 check(weight, tf.float32)
                 stack.pop()
                 continue
-            key, deps = structure(x)
-            if key is None and x.shape.num_elements() == 1:
+            own = own_value(x)
+            key, deps = structure(x, own)
+            if key is None and own:
                 key = ("scalar", same_value(x, scalars))
             missing = [d for d in deps if d.ref() not in memo]
             if missing:
@@ -99,7 +106,7 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval],
                 key += tuple(id(i) for i in given)
             found = same.get(key) if key is not None else None
             if found is None:
-                found, domain = interval_of(x, given, memo, values)
+                found, domain = interval_of(x, given, memo, values, own)
                 required += domain
                 if key is not None:
                     same[key] = found

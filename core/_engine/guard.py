@@ -11,6 +11,7 @@ that a check would apply. ``pipe.plan`` says which each transform gets.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,11 +22,14 @@ from ..tensors import all_finite
 from ..transform import BuildContext, build_scope
 from .answers import remembered
 from .bounds import bound_outputs, held_state, record_bounds, squared_bound
-from .intervals import Unbounded, taken_as_values, within_norm
+from .intervals import Unbounded, within_norm
 from .proofs import CheckedWhereItFails, Prove
+from .scalar_values import own_values, taken_as_values
 from .state_reads import (
     BY_NORM,
     BY_RANGE,
+    NORMS_AT_VALUES,
+    NORMS_WITHIN,
     Ranged,
     leaf_names,
     leaf_positions,
@@ -43,9 +47,11 @@ class Guard:
     """The finite guarantee of one pipeline's chain, while a step is traced."""
 
     def __init__(self, proofs: list[Prove | None], bounded: tuple[int, ...],
-                 ranged: tuple[tuple[int, Ranged], ...], context: BuildContext) -> None:
+                 ranged: tuple[tuple[int, Ranged], ...], valued: tuple[int, ...],
+                 context: BuildContext) -> None:
         self.proofs, self.bounded, self.context = proofs, set(bounded), context
         self.ranged = dict(ranged)  # the state leaves whose range a bound reads
+        self.valued = set(valued)  # bounds that take their maths' norms at their values
         self.seen: list[Seen] = []  # per transform of the chain traced last
 
     def ranges(self, i: int, leaf: int) -> bool:
@@ -75,7 +81,8 @@ class Guard:
             bounds or not as_bound) else None
         kind = "bounded" if as_bound else "proved"
         if required is None and bounds and i in self.bounded:
-            required = bounded_outputs(inputs, old, outputs, state, self.ranged.get(i, False))
+            required = bounded_outputs(inputs, old, outputs, state, self.ranged.get(i, False),
+                                       by_value=i in self.valued)
             kind = "bounded"
         if required is None:
             required, kind = [finite_outputs(outputs, tf.nest.flatten(state))], "checked"
@@ -131,7 +138,7 @@ class Guard:
 
 
 def bounded_outputs(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
-                    ranged: Ranged = False) -> list[Any] | None:
+                    ranged: Ranged = False, *, by_value: bool = False) -> list[Any] | None:
     """The scalars under which a transform's ``outputs`` and new ``state`` are finite,
     from the bounds of its maths; ``None`` where this trace has none (sparse
     gradients, an operation without a bound, a step run eagerly, which leaves no
@@ -139,13 +146,14 @@ def bounded_outputs(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
     if tf.executing_eagerly():
         return None
     try:
-        return _bounded(inputs, old, outputs, state, ranged)
+        return _bounded(inputs, old, outputs, state, ranged, by_value=by_value)
     except Unbounded:
         return None
 
 
 def _bounded(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
-             ranged: Ranged, values: dict[Any, Any] | None = None) -> list[Any]:
+             ranged: Ranged, values: dict[Any, Any] | None = None, *,
+             by_value: bool = False) -> list[Any]:
     """``bounded_outputs``' scalars; with ``values`` (``bound_outputs``: the inputs,
     old state, scalars and weight reads computed already), computed now."""
     leaves = [t for t in tf.nest.flatten(state) if isinstance(t, (tf.Tensor, tf.Variable))]
@@ -167,7 +175,7 @@ def _bounded(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
         held = held_state([value(t) for t in before],
                           [reads_range(ranged, positions.get(id(t), -1)) for t in before])
         known.update({t.ref(): interval for t, interval in zip(before, held)})
-    bounded = bound_outputs(results, known, values)
+    bounded = bound_outputs(results, known, values, by_value=by_value)
     record_bounds(bounded.magnitudes, outputs)
     return bounded.required
 
@@ -188,8 +196,11 @@ def how_bounded(transform: Any, context: Any, key: tuple[Any, ...]) -> str:
     held within its norm, and else within its range (its least and largest
     element, one more pass over it: what proves the square root of a running mean
     of squares, which the norm cannot); then each leaf in turn is left to the norm
-    where the bounds still hold (a few ms each). Where both fail even there, every
-    step would be checked after all, and the transform is checked from the start.
+    where the bounds still hold (a few ms each). Each of these holds the norms and
+    sums the maths computes within the bounds of what they reduce, and failing
+    that, takes their values (``scalar_values``): the guard then computes them
+    again. Where all fail even there, every step would be checked after all, and
+    the transform is checked from the start.
     The answer is found once for ``key`` (``maths_key``) and the update's code, and
     remembered across processes (``answers``). It only picks the guard's mode:
     each step's bounds are traced from the step's own maths, and fall back to a
@@ -208,7 +219,12 @@ def _how_bounded(transform: Any, context: Any) -> str:
             context.shared.clear()
             outputs, new = transform.update(list(grads), state, variables)
         traced.update(grads=list(grads), state=state, outputs=list(outputs), new=new)
-        traced["taken"] = taken_as_values([*outputs, *tf.nest.flatten(new)])
+        results = [*outputs, *tf.nest.flatten(new)]
+        scalars = taken_as_values(results, own_values(True))
+        within = own_values(False)
+        traced["norms"] = any(t.shape.num_elements() == 1 and not within(t) for t in scalars)
+        taken = {t.ref(): t for t in [*scalars, *taken_as_values(results, within)]}
+        traced["taken"] = list(taken.values())
         return traced["taken"]
 
     try:
@@ -231,17 +247,28 @@ def _how_bounded(transform: Any, context: Any) -> str:
         values.update((t.ref(), v) for t, v in zip(tf.nest.flatten(traced["state"]),
                                                    tf.nest.flatten(held)))
 
-        def holds(ranged: Ranged) -> bool:
+        def holds(ranged: Ranged, by_value: bool) -> bool:
             with build_scope(context):
                 context.shared.clear()
-                required = _bounded(traced["grads"], traced["state"], traced["outputs"],
-                                    traced["new"], ranged, values)
+                try:
+                    required = _bounded(traced["grads"], traced["state"], traced["outputs"],
+                                        traced["new"], ranged, values, by_value=by_value)
+                except Unbounded:  # inside a norm, say: its value may still bound it
+                    if by_value:
+                        raise
+                    return False
             return bool(all_finite(required))
 
-        if holds(False):
-            return BY_NORM
-        if holds(True):
-            return _fewest_ranged(traced["state"], len(variables), holds)
+        # the cheapest reads first: a range costs two passes over a leaf, a norm's
+        # value about one over the tensor it reduces
+        for ranged in (False, True):
+            for by_value in (False, True):
+                if not holds(ranged, by_value):
+                    continue
+                answer = BY_NORM if not ranged else _fewest_ranged(
+                    traced["state"], len(variables), functools.partial(holds, by_value=by_value))
+                norms = NORMS_AT_VALUES if by_value else NORMS_WITHIN
+                return norms + answer if traced["norms"] else answer
     except Unbounded as exc:
         return str(exc)
     except Exception as exc:  # a transform that cannot be traced so is checked

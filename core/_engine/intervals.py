@@ -140,7 +140,9 @@ _RULES: dict[str, tuple[tuple[int, ...] | str | None, Callable[..., Any]]] = {
     "BiasAdd": (None, _add),
     "AddN": (None, _add),
     "Sub": (None, lambda op, a, b: (_sub(a, b), [])),
-    "Mul": (None, lambda op, a, b: (_mul(a, b), [])),
+    # ``g * g`` (``tf.norm``'s square) is a square: not below 0
+    "Mul": (None, lambda op, a, b: _square(a) if op.inputs[0] is op.inputs[1]
+            else (_mul(a, b), [])),
     "RealDiv": (None, lambda op, a, b: _divide(a, b)),
     "Reciprocal": (None, lambda op, a: _divide(Interval(1.0, 1.0), a)),
     "Neg": (None, lambda op, a: (Interval(-a.hi, -a.lo), [])),
@@ -195,21 +197,28 @@ for _op in ("Identity", "StopGradient", "Snapshot", "Reshape", "Squeeze", "Expan
     _RULES[_op] = ((0,), _same)
 
 
-def _value_inputs(op: Any) -> list[Any]:
+def value_inputs(op: Any) -> list[Any]:
+    """The inputs of ``op`` (one with bounds here) that carry the values it computes."""
     which = _RULES[op.type][0]
     if which == _ALL_BUT_LAST:
         return list(op.inputs[:-1])
     return list(op.inputs) if which is None else [op.inputs[k] for k in which]
 
 
-def structure(x: Any) -> tuple[tuple[Any, ...] | None, list[Any]]:
+def has_bounds(op: Any) -> bool:
+    """Whether operations of ``op``'s type have an interval rule here."""
+    return op.type in _RULES
+
+
+def structure(x: Any, own_value: bool) -> tuple[tuple[Any, ...] | None, list[Any]]:
     """What ``x``'s interval depends on besides its inputs' intervals (``None``: on
-    ``x`` itself, a scalar), and the inputs whose intervals it needs."""
+    ``x`` itself, a scalar taken as its ``own_value``), and the inputs whose
+    intervals it needs."""
     if not (x.dtype.is_floating or x.dtype.is_integer):
         raise Unbounded(f"its maths uses a {x.dtype.name} tensor ({x.op.type})")
     if x.op.type == "Const":
         return ("Const", *_constant_range(x)), []
-    if x.shape.num_elements() == 1:  # a hyperparameter, a counter: its own value
+    if own_value:  # a hyperparameter, a counter: its own value
         return None, []
     if x.op.type == "ReadVariableOp":  # a weight the maths reads: within its norm
         return None, []
@@ -220,33 +229,7 @@ def structure(x: Any) -> tuple[tuple[Any, ...] | None, list[Any]]:
         raise Unbounded(f"its maths casts {x.op.inputs[0].dtype.name} to {x.dtype.name}")
     reduced = _reduced(x.op) if x.op.type in ("Sum", "Mean", "L2Loss", "Max", "Min") \
         else None
-    return (x.op.type, x.dtype, reduced), _value_inputs(x.op)
-
-
-# stateless operations whose scalar result depends on their inputs' values alone
-_PURE = frozenset(("Cast", "Identity", "Neg", "AddV2", "Add", "Sub", "Mul", "RealDiv", "Div",
-                   "DivNoNan", "Maximum", "Minimum", "Sqrt", "Rsqrt", "Square", "Pow", "Exp",
-                   "Log", "Reciprocal", "Abs", "Reshape", "Sign", "Floor", "Ceil"))
-
-
-def same_value(x: Any, keys: dict[Any, Any]) -> Any:
-    """A key that two scalars share where they are the same value: constants, and the
-    same pure operations of such (a rule's ``1 - beta`` is computed again for each
-    variable: without this, each variable's maths would be a new walk). ``keys``
-    memoizes it by tensor; a scalar of any other origin is its own key."""
-    if x.ref() in keys:
-        return keys[x.ref()]
-    op = x.op
-    key: Any = ("own", x.ref())
-    if op.type == "Const":
-        key = ("Const", x.dtype.name, tuple(x.shape.as_list()),
-               np.asarray(tf.get_static_value(x)).tobytes())
-    elif op.type in _PURE and not op.control_inputs and all(
-            i.shape.num_elements() == 1 for i in op.inputs):
-        key = (op.type, x.dtype.name, tuple(x.shape.as_list()),
-               tuple(same_value(i, keys) for i in op.inputs))
-    keys[x.ref()] = key
-    return key
+    return (x.op.type, x.dtype, reduced), value_inputs(x.op)
 
 
 def _lerp(x: Any, memo: dict[Any, Interval]) -> tuple[Interval, list[Any]] | None:
@@ -279,13 +262,13 @@ def _constant_range(x: Any) -> tuple[float, float]:
     return (float(value.min()), float(value.max())) if value.size else (0.0, 0.0)
 
 
-def _interval(x: Any, given: list[Interval], values: dict[Any, Any]
+def _interval(x: Any, given: list[Interval], values: dict[Any, Any], own_value: bool
               ) -> tuple[Interval, list[Any]]:
     if x.op.type == "Const":
         lo, hi = _constant_range(x)
-        point = tf.constant(lo, tf.float32)
-        return Interval(point, point if hi == lo else tf.constant(hi, tf.float32)), []
-    if x.shape.num_elements() == 1:
+        low = tf.constant(lo, tf.float32)
+        return Interval(low, low if hi == lo else tf.constant(hi, tf.float32)), []
+    if own_value:
         value = _f(tf.reshape(values.get(x.ref(), x), []))
         return Interval(value, value), []
     if x.op.type == "ReadVariableOp":  # a weight: its norm, one pass where a range takes two
@@ -294,32 +277,14 @@ def _interval(x: Any, given: list[Interval], values: dict[Any, Any]
 
 
 def interval_of(x: Any, given: list[Interval], memo: dict[Any, Interval],
-                values: dict[Any, Any]) -> tuple[Interval, list[Any]]:
+                values: dict[Any, Any], own_value: bool) -> tuple[Interval, list[Any]]:
     """``x``'s interval (float32 ends) from its inputs' ``given`` ones (``memo``: every
-    interval known so far), and the conditions its operation's domain needs. A
-    scalar or a weight read in ``values`` (``tensor.ref()`` -> its value, computed
-    already) takes that value in its place."""
-    computed, domain = _lerp(x, memo) or _interval(x, given, values)
+    interval known so far), and the conditions its operation's domain needs; a
+    scalar taken as its ``own_value`` is that value. A scalar or a weight read in
+    ``values`` (``tensor.ref()`` -> its value, computed already) takes that value
+    in its place."""
+    computed, domain = _lerp(x, memo) or _interval(x, given, values, own_value)
     return Interval(_f(computed.lo), _f(computed.hi)), domain
-
-
-def taken_as_values(tensors: Sequence[Any]) -> list[Any]:
-    """The tensors that ``tensors``' intervals take as their own values (the scalars
-    and the weight reads they are computed from, not constants): given their values,
-    the analysis needs no graph of its own (``interval_of``)."""
-    found, seen = [], set()
-    stack = [t for t in tensors if isinstance(t, tf.Tensor)]
-    while stack:
-        x = stack.pop()
-        if x.ref() in seen or x.op.type == "Const":
-            continue
-        seen.add(x.ref())
-        if x.shape.num_elements() == 1 or x.op.type == "ReadVariableOp":
-            if x.dtype.is_floating or x.dtype.is_integer:
-                found.append(x)
-            continue
-        stack.extend(x.op.inputs)
-    return found
 
 
 def limit_of(dtype: Any) -> float:

@@ -26,7 +26,7 @@ from ..errors import GradpipeError
 from ..spec import PipelineSpec
 from ..transform import accelerator_visible
 from .proof_table import proof_summary
-from .state_reads import Ranged, is_bounded, ranged_leaves, read_text
+from .state_reads import Ranged, is_bounded, ranged_leaves, read_text, takes_values
 from .summaries import writer_may_record
 from .xla_pays import distinct_shapes, xla_pays
 
@@ -75,6 +75,8 @@ class Plan:
         ranged: those of ``bounded`` that hold some of their state within its
             range (its least and largest element), not its norm, each with those
             leaves (``state_reads.Ranged``: true for all).
+        valued: those of ``bounded`` whose bounds take the norms and sums their
+            maths computes at their values, not within their intervals.
         rows: which variables a sparse gradient (an embedding lookup's) updates by
             rows, and why the others are made dense; found when the plan is first
             read (``pipe.plan``), not at build.
@@ -90,6 +92,7 @@ class Plan:
     checks: tuple[str, ...]
     bounded: tuple[int, ...] = ()
     ranged: tuple[tuple[int, Ranged], ...] = ()
+    valued: tuple[int, ...] = ()
     per_variable: Choice = Choice(False, "the step is not compiled")
     rows: Choice | None = None
     servers: Choice | None = None
@@ -123,14 +126,16 @@ def clip_before_reduce(spec: PipelineSpec, requested: bool) -> tuple[int, ...]:
 
 def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...],
             how_bounded: Callable[[int], str] | None, *, compiled: bool, elements: int
-            ) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[int, Ranged], ...]]:
-    """How each transform's outputs are known finite, which are bounded, and which
-    of those read some of their state's range (``how_bounded(i)``: what it reads
-    of the state, ``state_reads``, or why not; not asked where a step of
-    ``elements`` is not compiled and small)."""
+            ) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[int, Ranged], ...],
+                       tuple[int, ...]]:
+    """How each transform's outputs are known finite, which are bounded, which of
+    those read some of their state's range and which take their norms at their
+    values (``how_bounded(i)``: what it reads, ``state_reads``, or why not; not
+    asked where a step of ``elements`` is not compiled and small)."""
     out: list[str] = []
     bounded: list[int] = []
     ranged: list[tuple[int, Ranged]] = []
+    valued: list[int] = []
     if not compiled and elements < BOUND_MIN_ELEMENTS_NOT_COMPILED:
         small = (f"the step is not compiled and its {elements:,} elements are fewer than "
                  f"the {BOUND_MIN_ELEMENTS_NOT_COMPILED:,} where a bound pays")
@@ -149,12 +154,14 @@ def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...],
             bounded.append(i)
             if leaves := ranged_leaves(why):
                 ranged.append((i, leaves))
+            if takes_values(why):
+                valued.append(i)
             out.append(where + f"bounded: its traced maths, from {read_text(why)} "
                                "(checked where a bound fails)")
         else:
             reason = f" ({why})" if how_bounded is not None else ""
             out.append(where + f"checked: one sum over its updates and new state{reason}")
-    return tuple(out), tuple(bounded), tuple(ranged)
+    return tuple(out), tuple(bounded), tuple(ranged), tuple(valued)
 
 
 def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool]],
@@ -198,13 +205,13 @@ def make_plan(spec: PipelineSpec, *, variables: list[Any], masks: list[list[bool
         compile_ = Choice(bool(mode), f"jit_compile = {'true' if mode else 'false'}")
     if compile_.on and in_place.on:  # a compiled step never runs the kernel
         in_place = _KERNEL_IDLE
-    checks, bounded, ranged = _checks(spec, proved, pre_reduce, how_bounded,
-                                      compiled=compile_.on, elements=sum(
-                                          s or 0 for s in sizes))
+    checks, bounded, ranged, valued = _checks(spec, proved, pre_reduce, how_bounded,
+                                              compiled=compile_.on, elements=sum(
+                                                  s or 0 for s in sizes))
     return Plan(compile=compile_, pack=pack, in_place=in_place,
                 sequence=_sequence(compile_.on, pack.on),
                 clip_before_reduce=pre_reduce, checks=checks, bounded=bounded,
-                ranged=ranged, servers=servers)
+                ranged=ranged, valued=valued, servers=servers)
 
 
 def _pack(spec: PipelineSpec, variables: list[Any], sizes: list[int | None],

@@ -9,7 +9,9 @@ of squares from below 0, which the norm cannot. Most rules need the range of
 one leaf and the norm of the others: AdaBelief's of its second moment only,
 Adan's of its ``n`` only. The build finds the
 fewest leaves to read ranges of (``guard.how_bounded``), so a bound costs one
-pass fewer for each leaf it leaves to the norm.
+pass fewer for each leaf it leaves to the norm. A norm or sum the maths
+computes is held within the bounds of what it reduces, at no pass, unless
+the bounds need its value (a trust ratio's divisor): the answer says which.
 
 Leaves are named by their position in one variable's flattened state (what
 ``init`` gives for one variable alone), which is the same for a probe of two
@@ -30,14 +32,30 @@ from .one_variable import one_variable_structure
 #: how a transform's maths is bounded: from its state's norm, or from every leaf's range
 BY_NORM, BY_RANGE = "norm", "range"
 _SOME = "range:"  # then "position=name,..." of the leaves read for their range
+#: before any of those, where the maths computes norms or sums (scalars of tensors,
+#: ``scalar_values.own_values``): the bound takes them at their values, computed again,
+#: or within the bounds of what they reduce
+NORMS_AT_VALUES, NORMS_WITHIN = "values+", "within+"
 
 #: the leaves held within their range: none (False), every one (True), or those positions
 Ranged = bool | frozenset[int]
 
 
+def _state(answer: str) -> str:
+    """What ``answer`` reads of the state."""
+    return answer.removeprefix(NORMS_AT_VALUES).removeprefix(NORMS_WITHIN)
+
+
 def is_bounded(answer: str) -> bool:
     """Whether ``how_bounded``'s ``answer`` bounds the maths (else it says why not)."""
+    answer = _state(answer)
     return answer in (BY_NORM, BY_RANGE) or answer.startswith(_SOME)
+
+
+def takes_values(answer: str) -> bool:
+    """Whether a bounded ``answer`` takes the norms and sums its maths computes at
+    their values, not within their intervals."""
+    return answer.startswith(NORMS_AT_VALUES)
 
 
 def some_ranged(names: dict[int, str]) -> str:
@@ -59,6 +77,7 @@ def _named(answer: str) -> dict[int, str]:
 
 def ranged_leaves(answer: str) -> Ranged:
     """The leaves a bounded ``answer`` reads the range of."""
+    answer = _state(answer)
     return answer == BY_RANGE or (answer.startswith(_SOME) and frozenset(_named(answer)))
 
 
@@ -69,14 +88,22 @@ def reads_range(ranged: Ranged, leaf: int) -> bool:
 
 def read_text(answer: str) -> str:
     """What the plan says a bound reads, for ``answer``."""
-    if not answer.startswith(_SOME):
-        return "its input's norm and " + (
-            "its state's range" if answer == BY_RANGE else "its state's norm")
-    names = sorted(_named(answer).values())
-    if not names:
-        return "its input's norm and its state's norm"
-    listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
-    return f"its input's norm, the range of its {listed} and the norm of the rest of its state"
+    reads = _state(answer)
+    names = sorted(_named(reads).values()) if reads.startswith(_SOME) else []
+    if reads == BY_RANGE:
+        parts = ["its input's norm", "its state's range"]
+    elif names:
+        listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+        parts = ["its input's norm", f"the range of its {listed}",
+                 "the norm of the rest of its state"]
+    else:
+        parts = ["its input's norm", "its state's norm"]
+    if takes_values(answer):
+        parts.append("the norms and sums it computes, computed again")
+    text = ", ".join(parts[:-1]) + " and " + parts[-1]
+    if answer.startswith(NORMS_WITHIN):
+        text += ", which also bound the norms and sums it computes"
+    return text
 
 
 def leaf_positions(state: Any, count: int) -> dict[int, int]:

@@ -56,7 +56,7 @@ class Step:
                  pipeline: Any, scheduled: list[tuple[str, Any]]) -> None:
         self.spec, self.state, self.plan, self.counters = spec, state, plan, counters
         self.transforms, self.kernel = transforms, kernel
-        self.guard = Guard(proofs, plan.bounded, plan.ranged, context)
+        self.guard = Guard(proofs, plan.bounded, plan.ranged, plan.valued, context)
         self.loss_scaler, self.context = loss_scaler, context
         # the public facade, for the values summaries report (rate, scale, counters)
         self.pipeline, self.scheduled = pipeline, scheduled

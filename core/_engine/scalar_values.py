@@ -1,0 +1,83 @@
+"""Which scalars a bound takes as their own values, and which of those are the same.
+
+A bound (:mod:`gradpipe._engine.bounds`) holds a hyperparameter, a counter or a
+scalar of the state at its own value: free, and exact. A scalar the maths
+computes from a tensor (a norm, a sum) is different: its value costs the guard
+a pass over that tensor, where its interval, from the tensor's, costs a few
+scalar ops. The build finds out whether the bounds hold with the interval
+(``guard.how_bounded``), and takes the value only where they do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from .intervals import has_bounds, value_inputs
+
+
+def own_values(by_value: bool) -> Callable[[Any], bool]:
+    """Which tensors a bound takes as their own values: every scalar where
+    ``by_value``, else all but the scalars computed, by operations that have bounds
+    here, from a tensor of more than one element (a norm, a sum, a mean): the value
+    of such a scalar costs the guard a pass over that tensor, its interval a few
+    scalar ops, so it is taken by value only where its interval is too wide for the
+    bounds to hold (``guard.how_bounded`` finds out)."""
+    seen: dict[Any, bool] = {}
+
+    def from_a_tensor(x: Any) -> bool:
+        if x.ref() not in seen:
+            seen[x.ref()] = has_bounds(x.op) and any(
+                i.shape.num_elements() != 1 or from_a_tensor(i) for i in value_inputs(x.op))
+        return seen[x.ref()]
+
+    return lambda x: x.shape.num_elements() == 1 and (by_value or not from_a_tensor(x))
+
+
+def taken_as_values(tensors: Sequence[Any], own_value: Callable[[Any], bool]) -> list[Any]:
+    """The tensors that ``tensors``' intervals take as their own values (the scalars
+    that ``own_value`` says so of, and the weight reads they are computed from,
+    not constants): given their values, the analysis needs no graph of its own
+    (``interval_of``)."""
+    found, seen = [], set()
+    stack = [t for t in tensors if isinstance(t, tf.Tensor)]
+    while stack:
+        x = stack.pop()
+        if x.ref() in seen or x.op.type == "Const":
+            continue
+        seen.add(x.ref())
+        if x.op.type == "ReadVariableOp" or (x.shape.num_elements() == 1 and own_value(x)):
+            if x.dtype.is_floating or x.dtype.is_integer:
+                found.append(x)
+            continue
+        stack.extend(x.op.inputs)
+    return found
+
+
+# stateless operations whose scalar result depends on their inputs' values alone
+_PURE = frozenset(("Cast", "Identity", "Neg", "AddV2", "Add", "Sub", "Mul", "RealDiv", "Div",
+                   "DivNoNan", "Maximum", "Minimum", "Sqrt", "Rsqrt", "Square", "Pow", "Exp",
+                   "Log", "Reciprocal", "Abs", "Reshape", "Sign", "Floor", "Ceil"))
+
+
+def same_value(x: Any, keys: dict[Any, Any]) -> Any:
+    """A key that two scalars share where they are the same value: constants, and the
+    same pure operations of such (a rule's ``1 - beta`` is computed again for each
+    variable: without this, each variable's maths would be a new walk). ``keys``
+    memoizes it by tensor; a scalar of any other origin is its own key."""
+    if x.ref() in keys:
+        return keys[x.ref()]
+    op = x.op
+    key: Any = ("own", x.ref())
+    if op.type == "Const":
+        key = ("Const", x.dtype.name, tuple(x.shape.as_list()),
+               np.asarray(tf.get_static_value(x)).tobytes())
+    elif op.type in _PURE and not op.control_inputs and all(
+            i.shape.num_elements() == 1 for i in op.inputs):
+        key = (op.type, x.dtype.name, tuple(x.shape.as_list()),
+               tuple(same_value(i, keys) for i in op.inputs))
+    keys[x.ref()] = key
+    return key
