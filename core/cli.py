@@ -134,6 +134,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--component", action="append", default=[], metavar="NAME",
                    help="a transform of the plugin, with its test and index entry "
                         "(repeatable; default: one named like the plugin)")
+    p.add_argument("--rule", action="append", default=[], metavar="NAME",
+                   help="an update rule of the plugin (state, step count, bias "
+                        "correction), with its test and index entry (repeatable)")
     p.add_argument("--directory", default=".", help="where to create it (default: here)")
     p.set_defaults(func=cmd_new_plugin)
 
@@ -321,12 +324,12 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     from .registry import get_registry
     from .template import new_plugin
 
-    root = new_plugin(args.name, Path(args.directory), args.component)
+    root = new_plugin(args.name, Path(args.directory), args.component, args.rule)
     # pip reads "gradpipe-x[test]" as a package on the index; "./" makes it the folder.
     where = str(root) if root.is_absolute() else f"./{root}"
     print(f"wrote {root}; next:\n  python -m pip install \"{where}[test]\" && "
           f"python -m pytest {where}/tests")
-    names = [c.replace("-", "_").lower() for c in args.component] or [
+    names = [c.replace("-", "_").lower() for c in [*args.component, *args.rule]] or [
         root.name.removeprefix("gradpipe-").replace("-", "_")]
     existing = set(get_registry().names("transform"))
     for name in (n for n in names if n in existing):

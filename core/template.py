@@ -9,191 +9,61 @@ from pathlib import Path
 
 from .errors import GradpipeError
 from .hookspecs import PLUGIN_API_VERSION
-
-PYPROJECT = '''[build-system]
-requires = ["setuptools>=61", "wheel"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "{dist}"
-version = "0.1.0"
-description = "A gradpipe plugin: {summary}."
-readme = "README.md"
-requires-python = ">=3.10"
-dependencies = ["gradpipe>=0.1"]
-keywords = ["gradpipe", "tensorflow", "optimizer"]
-classifiers = [
-    "Programming Language :: Python :: 3",
-    "Topic :: Scientific/Engineering :: Artificial Intelligence",
-]
-
-[project.optional-dependencies]
-test = ["pytest"]
-
-[project.entry-points.gradpipe]
-{short} = "{module}"
-
-# the name index: gradpipe imports this module only when a pipeline names
-# one of these components ("kind.name"); keep it in step with the module
-[project.entry-points."gradpipe.components"]
-{index}
-
-[tool.setuptools]
-packages = ["{module}"]
-'''
-
-MODULE = '''"""{dist}: {summary}, for gradpipe."""
-
-from __future__ import annotations
-
-from typing import Any, ClassVar
-
-import attrs
-
-from gradpipe.plugin import Transform, hookimpl, hyper, hyperparameter, map_grads
-from gradpipe.plugin import no_state, positive
-
-#: The gradpipe plugin API this module is written for.
-GRADPIPE_PLUGIN_API = {api}
-{components}
-
-@hookimpl
-def gradpipe_register_transforms(register: Any) -> None:
-{registrations}
-'''
-
-#: One example transform of the module; each component gets its own.
-COMPONENT = '''
-
-@attrs.frozen(kw_only=True)
-class {config}:
-    """Config of ``{component}``.
-
-    Attributes:
-        factor: multiplies every gradient (a number or a schedule).
-    """
-
-    example: ClassVar[dict] = {{"factor": 0.5}}
-
-    factor: Any = hyperparameter(default=1.0, validator=positive())
+from .template_text import (
+    COMPONENT,
+    CONTRACT_TEST,
+    GITIGNORE,
+    IMPORTS,
+    MODULE,
+    PYPROJECT,
+    README,
+    RULE,
+    RULE_TEST,
+    TEST,
+)
 
 
-def {component}(cfg: {config}) -> Transform:
-    """Multiply every gradient by ``factor``."""
-    factor = hyper(cfg.factor)
-
-    def update(grads: list[Any], state: Any, variables: list[Any]) -> Any:
-        import tensorflow as tf
-
-        f = factor()
-        return map_grads(lambda g: g * tf.cast(f, g.dtype), grads), state
-
-    return Transform(no_state, update)
-'''
-
-CONTRACT_TEST = '''"""{dist} registers its components and they pass the gradpipe contract suite."""
-
-import pytest
-
-from gradpipe.testing import check_component, contract_cases
-
-
-def test_found_through_its_entry_point():
-    assert contract_cases(dist="{dist}") == [
-{cases}
-    ]
-
-
-@pytest.mark.parametrize("kind, name", contract_cases(dist="{dist}"))
-def test_contract(kind, name):
-    check_component(kind, name)
-'''
-
-TEST = '''"""``{component}`` does what it says."""
-
-import numpy as np
-import tensorflow as tf
-
-import gradpipe
-
-
-def test_{component}_scales_the_gradient():
-    var = tf.Variable([1.0, 1.0])
-    pipe = gradpipe.build({{"transforms": [{{"kind": "{component}", "factor": 0.5}},
-                                          {{"kind": "sgd", "learning_rate": 1.0}}]}})
-    pipe.apply_gradients([(tf.constant([2.0, -2.0]), var)])
-    np.testing.assert_allclose(var.numpy(), [0.0, 2.0], rtol=0, atol=1e-7)
-'''
-
-README = '''# {dist}
-
-A gradpipe plugin providing {described}. Each multiplies every gradient by
-`factor` (a number or a schedule).
-
-```toml
-[gradpipe]
-require = ["{dist}>=0.1"]
-
-[[transforms]]
-kind = "{first}"
-factor = 0.5
-
-[[transforms]]
-kind = "adam"
-```
-
-```bash
-pip install ".[test]"     # the plugin, and pytest for its tests
-gradpipe plugins          # lists {dist} and its components
-pytest                    # its tests, the gradpipe contract suite included
-```
-
-The tests need the `test` extra (`pip install ".[test]"`); a plain
-`pip install .` installs the plugin alone.
-
-Each component is a config class and a factory in `{module}/__init__.py`,
-registered in its `gradpipe_register_transforms` hook, with a test in
-`tests/test_<component>.py`; `tests/test_contract.py` runs the gradpipe
-contract suite on all of them. `pyproject.toml` names the module once, under
-the entry point `gradpipe`, and lists every component in the
-`gradpipe.components` index, which lets gradpipe import the module only when
-a pipeline names one of them: a component missing from the index fails the
-contract test. `gradpipe new-plugin NAME --component A --component B` writes
-a plugin of several components.
-'''
-
-GITIGNORE = '''__pycache__/
-*.py[cod]
-*.egg-info/
-build/
-dist/
-.pytest_cache/
-.venv/
-'''
-
-
-def new_plugin(name: str, directory: Path, components: Sequence[str] = ()) -> Path:
+def new_plugin(name: str, directory: Path, components: Sequence[str] = (),
+               rules: Sequence[str] = ()) -> Path:
     """Write the distribution ``gradpipe-NAME`` into ``directory``, with a transform
-    for each of ``components`` (default: one named ``NAME``); return its folder."""
+    for each of ``components`` and an update rule for each of ``rules`` (default: one
+    transform named ``NAME``); return its folder."""
     short = _identifier(re.sub(r"^gradpipe[-_]", "", name), "plugin name")
-    names = [_identifier(c, "component name") for c in components] or [short]
+    transforms = [_identifier(c, "component name") for c in components]
+    rule_names = [_identifier(c, "rule name") for c in rules]
+    if not transforms and not rule_names:
+        transforms = [short]
+    names = transforms + rule_names
     repeated = sorted({c for c in names if names.count(c) > 1})
     if repeated:
-        raise GradpipeError(f"--component {repeated[0]} is given twice: give each "
-                            "component once")
+        raise GradpipeError(f"{repeated[0]} is given twice: give each component once "
+                            "(--component and --rule name one each)")
     dist = f"gradpipe-{short.replace('_', '-')}"
     module = f"gradpipe_{short}"
     root = directory / dist
     if root.exists():
         raise GradpipeError(f"{root} already exists; choose another name or directory")
-    values = {"dist": dist, "module": module, "short": short, "first": names[0],
-              "api": PLUGIN_API_VERSION, "summary": _listed(names, "{}"),
-              "described": _listed(names, "`{}`"),
+    imports = {"Transform", "hookimpl", "hyper", "hyperparameter", "positive"}
+    imports.update(*(IMPORTS[kind] for kind, present in (("transform", transforms),
+                                                         ("rule", rule_names)) if present))
+    values = {"dist": dist, "module": module, "short": short,
+              "api": PLUGIN_API_VERSION, "summary": _described(transforms, rule_names, "{}"),
+              "described": _described(transforms, rule_names, "`{}`"),
+              "behaviour": _behaviour(transforms, rule_names),
+              "example": _example(transforms, rule_names),
+              "typing": "Any, ClassVar" + (", NamedTuple" if rule_names else ""),
+              "imports": "\n".join(f"    {n}," for n in sorted(
+                  imports, key=lambda n: (not n[0].isupper(), n))),
               "index": "\n".join(f'"transform.{c}" = "{module}"' for c in names),
-              "components": "".join(COMPONENT.format(component=c, config=_config(c))
-                                    for c in names),
-              "registrations": "\n".join(f'    register("{c}", {c}, {_config(c)})'
-                                         for c in names),
+              "components": "".join(
+                  RULE.format(component=c, config=_config(c), state=_config(c, "State"))
+                  if c in rule_names else COMPONENT.format(component=c, config=_config(c))
+                  for c in names),
+              "registrations": "\n".join(
+                  f'    register("{c}", {c}, {_config(c)},\n'
+                  "             capabilities=Capabilities(update_rule=True))"
+                  if c in rule_names else f'    register("{c}", {c}, {_config(c)})'
+                  for c in names),
               "cases": "\n".join(f'        ("transform", "{c}"),' for c in sorted(names))}
     files = {
         root / "pyproject.toml": PYPROJECT.format(**values),
@@ -202,7 +72,8 @@ def new_plugin(name: str, directory: Path, components: Sequence[str] = ()) -> Pa
         root / module / "__init__.py": MODULE.format(**values),
         root / "tests" / "test_contract.py": CONTRACT_TEST.format(**values),
     }
-    files.update({root / "tests" / f"test_{c}.py": TEST.format(component=c) for c in names})
+    files.update({root / "tests" / f"test_{c}.py":
+                  (RULE_TEST if c in rule_names else TEST).format(component=c) for c in names})
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -218,12 +89,37 @@ def _identifier(text: str, what: str) -> str:
     return name
 
 
-def _listed(names: Sequence[str], form: str) -> str:
-    """``the scale transform``, ``the transforms scale, clip_half``."""
-    listed = ", ".join(form.format(n) for n in names)
-    return f"the {listed} transform" if len(names) == 1 else f"the transforms {listed}"
+def _described(transforms: Sequence[str], rules: Sequence[str], form: str) -> str:
+    """``the scale transform``, ``the transforms a, b and the update rule c``."""
+    parts = []
+    for names, noun in ((transforms, "transform"), (rules, "update rule")):
+        listed = ", ".join(form.format(n) for n in names)
+        if names:
+            parts.append(f"the {listed} {noun}" if len(names) == 1 else
+                         f"the {noun}s {listed}")
+    return " and ".join(parts)
 
 
-def _config(component: str) -> str:
+def _behaviour(transforms: Sequence[str], rules: Sequence[str]) -> str:
+    """What the README says the example components do."""
+    said = []
+    if transforms:
+        said.append(f"{'Each transform' if len(transforms) > 1 else 'The transform'} "
+                    "multiplies every gradient by `factor`\n(a number or a schedule).")
+    if rules:
+        said.append(f"{'Each update rule' if len(rules) > 1 else 'The update rule'} steps by "
+                    "the running mean of the gradients,\nbias-corrected as Adam's first "
+                    "moment (`learning_rate`, `beta`).")
+    return "\n".join(said)
+
+
+def _example(transforms: Sequence[str], rules: Sequence[str]) -> str:
+    """The README's pipeline: the first transform, then the first rule (else adam)."""
+    tables = [f'kind = "{c}"\nfactor = 0.5' for c in transforms[:1]]
+    tables.append(f'kind = "{rules[0]}"\nlearning_rate = 0.001' if rules else 'kind = "adam"')
+    return "".join(f"\n[[transforms]]\n{table}\n" for table in tables).rstrip("\n")
+
+
+def _config(component: str, suffix: str = "Config") -> str:
     """``ScaleConfig`` for ``scale``, ``ClipHalfConfig`` for ``clip_half``."""
-    return "".join(part.capitalize() for part in component.split("_")) + "Config"
+    return "".join(part.capitalize() for part in component.split("_")) + suffix

@@ -45,33 +45,38 @@ def test_generated_plugin_installs_and_passes(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_plugin_of_two_components_installs_and_passes_its_tests(tmp_path):
-    """--component, repeated: each component in the module, in the name index, with
-    its own test; the contract test expects them all; the README names them."""
+def test_a_plugin_of_transforms_and_an_update_rule_installs_and_passes_its_tests(tmp_path):
+    """--component and --rule, repeated: each component in the module, in the name
+    index, with its own test (the rule's: its numbers against a closed form, and its
+    step count); the contract test expects them all, the rule converging as an update
+    rule must; the README names them and builds a pipeline with the rule."""
     listed, tests = _install_and_test(tmp_path, "tools", "--component", "halve",
-                                      "--component", "clip-half")
+                                      "--component", "clip-half", "--rule", "steady")
     root = tmp_path / "gradpipe-tools"
     assert sorted(p.name for p in (root / "tests").glob("test_*.py")) == [
-        "test_clip_half.py", "test_contract.py", "test_halve.py"]
+        "test_clip_half.py", "test_contract.py", "test_halve.py", "test_steady.py"]
     (plugin,) = [p for p in json.loads(listed) if p["distribution"] == "gradpipe-tools"]
     assert plugin["status"] == "loaded" and plugin["components"] == {
-        "transform": ["halve", "clip_half"]}
+        "transform": ["halve", "clip_half", "steady"]}
     pyproject = (root / "pyproject.toml").read_text()
-    assert '"transform.halve" = "gradpipe_tools"\n"transform.clip_half" = "gradpipe_tools"' \
-        in pyproject
-    assert "the transforms `halve`, `clip_half`" in (root / "README.md").read_text()
-    # the contract suite on both, the entry point and one behaviour test each
-    assert "5 passed" in tests
+    assert ('"transform.halve" = "gradpipe_tools"\n"transform.clip_half" = "gradpipe_tools"\n'
+            '"transform.steady" = "gradpipe_tools"') in pyproject
+    readme = (root / "README.md").read_text()
+    assert "the transforms `halve`, `clip_half` and the `steady` update rule" in readme
+    assert 'kind = "steady"\nlearning_rate = 0.001' in readme
+    # the contract suite on all three, the entry point and one behaviour test each
+    assert "7 passed" in tests
 
 
-@pytest.mark.parametrize("components, expected", [
-    (["halve", "halve"], "--component halve is given twice"),
-    (["two words"], "component name 'two words' must be letters"),
+@pytest.mark.parametrize("flags, expected", [
+    (["--component", "halve", "--component", "halve"], "halve is given twice"),
+    (["--component", "halve", "--rule", "halve"], "halve is given twice"),
+    (["--component", "two words"], "component name 'two words' must be letters"),
+    (["--rule", "9lives"], "rule name '9lives' must be letters"),
 ])
-def test_bad_components(tmp_path, components, expected):
+def test_bad_components(tmp_path, flags, expected):
     made = subprocess.run([sys.executable, "-m", "gradpipe.cli", "new-plugin", "tools",
-                           *[a for c in components for a in ("--component", c)],
-                           "--directory", str(tmp_path)], capture_output=True, text=True)
+                           *flags, "--directory", str(tmp_path)], capture_output=True, text=True)
     assert made.returncode == 1 and expected in made.stderr
     assert not any(tmp_path.iterdir())
 
