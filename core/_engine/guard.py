@@ -254,7 +254,7 @@ def _how_bounded(transform: Any, context: Any) -> str:
                     required = _bounded(traced["grads"], traced["state"], traced["outputs"],
                                         traced["new"], ranged, values, by_value=by_value)
                 except Unbounded:  # inside a norm, say: its value may still bound it
-                    if by_value:
+                    if by_value or not traced["norms"]:
                         raise
                     return False
             return bool(all_finite(required))
@@ -262,7 +262,8 @@ def _how_bounded(transform: Any, context: Any) -> str:
         # the cheapest reads first: a range costs two passes over a leaf, a norm's
         # value about one over the tensor it reduces
         for ranged in (False, True):
-            for by_value in (False, True):
+            # without norms or sums in the maths, both ways are the same walk
+            for by_value in (False, True) if traced["norms"] else (False,):
                 if not holds(ranged, by_value):
                     continue
                 answer = BY_NORM if not ranged else _fewest_ranged(
