@@ -327,7 +327,7 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     root = new_plugin(args.name, Path(args.directory), args.component, args.rule)
     # pip reads "gradpipe-x[test]" as a package on the index; "./" makes it the folder.
     where = str(root) if root.is_absolute() else f"./{root}"
-    print(f"wrote {root}; next:\n  python -m pip install \"{where}[test]\" && "
+    print(f"wrote {root}; next:\n  python -m pip install -e \"{where}[test]\" && "
           f"python -m pytest {where}/tests")
     names = [c.replace("-", "_").lower() for c in [*args.component, *args.rule]] or [
         root.name.removeprefix("gradpipe-").replace("-", "_")]

@@ -127,6 +127,8 @@ def {component}(cfg: {config}) -> Transform:
                 continue
             dtype = slot_dtype(var)  # float32 for a float16 variable
             b = tf.cast(beta(), dtype)
+            # dense(g): an embedding's sparse gradient made dense (the guide's rowwise()
+            # updates its rows alone instead)
             m = b * m + (1 - b) * tf.cast(dense(g), dtype)
             updates.append(tf.cast(tf.cast(step, dtype) * m, var.dtype))
             mus.append(m)
@@ -207,13 +209,16 @@ require = ["{dist}>=0.1"]
 ```
 
 ```bash
-pip install ".[test]"     # the plugin, and pytest for its tests
+pip install -e ".[test]"  # the plugin, editable, and pytest for its tests
 gradpipe plugins          # lists {dist} and its components
 pytest                    # its tests, the gradpipe contract suite included
 ```
 
-The tests need the `test` extra (`pip install ".[test]"`); a plain
-`pip install .` installs the plugin alone.
+The tests need the `test` extra (`pip install -e ".[test]"`); a plain
+`pip install .` installs the plugin alone. Installed editable (`-e`), the
+plugin is the code in this folder: an edit is what the tests and gradpipe
+run next, with no reinstall (a plain install keeps testing the copy it
+made).
 
 Each component is a config class and a factory in `{module}/__init__.py`,
 registered in its `gradpipe_register_transforms` hook, with a test in

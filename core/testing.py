@@ -187,9 +187,9 @@ def _check_pipeline_steps(kind: str, name: str, table: dict[str, Any]) -> None:
         except Exception as exc:
             where = "inside tf.function" if compiled else "eagerly"
             raise ContractError(f"{kind} {name!r}: a step failed {where}: "
-                                f"{type(exc).__name__}: {exc}. Components must use "
-                                "TensorFlow ops only: no .numpy(), no Python branching "
-                                "on tensor values") from exc
+                                f"{type(exc).__name__}: {str(exc).strip()}. Components "
+                                "must use TensorFlow ops only: no .numpy(), no Python "
+                                "branching on tensor values") from exc
         if compiled and fn.experimental_get_tracing_count() != 1:
             raise ContractError(f"{kind} {name!r}: the step was traced "
                                 f"{fn.experimental_get_tracing_count()} times; a later "
@@ -198,7 +198,9 @@ def _check_pipeline_steps(kind: str, name: str, table: dict[str, Any]) -> None:
     for eager, graph in zip(*runs):
         if not np.allclose(eager, graph, rtol=1e-5, atol=1e-6):
             raise ContractError(f"{kind} {name!r}: eager and tf.function results differ: "
-                                f"{eager} vs {graph}")
+                                f"{eager} vs {graph}. A value kept in Python between "
+                                "steps (a counter, a flag) is read once when the step is "
+                                "traced: keep it in the transform's state")
 
 
 def _check_converges(name: str, table: dict[str, Any], problem: str, factor: float) -> None:
@@ -217,7 +219,8 @@ def _check_converges(name: str, table: dict[str, Any], problem: str, factor: flo
     if not (math.isfinite(final) and final <= factor * first):
         raise ContractError(f"update rule {name!r} does not converge on {problem} with its "
                             f"example {table}: loss {first:.4g} -> {final:.4g} in "
-                            f"{result.steps} steps (needs <= {factor} x initial); tune the "
+                            f"{result.steps} steps (needs <= {factor} x initial); check "
+                            "its maths and the order of its state's fields, or tune the "
                             "example's learning rate")
     del tf
 

@@ -135,3 +135,20 @@ def test_a_wrong_name_index_fails_the_contract_and_is_shown_by_plugins(fake_dist
     assert "index does not list transform 'halve'" in out
     listed = fake_dists.run("from gradpipe.cli import main; main(['plugins'])").stdout
     assert "warning: index entry 'transforms.halve'" in listed
+
+
+def test_suite_names_python_state_where_eager_and_traced_steps_differ():
+    """A counter kept in Python is read once, when the step is traced: the suite says
+    where such a value belongs."""
+    from gradpipe.testing import ContractError
+
+    calls = []
+
+    def update(grads, state, variables):
+        calls.append(None)
+        return [None if g is None else g * float(len(calls)) for g in grads], state
+
+    _register("python_counter", update)
+    with pytest.raises(ContractError, match=r"(?s)differ.*read once when the step is traced: "
+                                                r"keep it in the transform's state"):
+        check_component("transform", "python_counter")

@@ -96,7 +96,7 @@ def test_generated_wheel_has_valid_metadata_and_the_name_index(tmp_path):
     assert made.returncode == 0, made.stderr
     root = tmp_path / "gradpipe-halve"
     assert "dist/" in (root / ".gitignore").read_text().split()
-    assert 'pip install ".[test]"' in (root / "README.md").read_text()
+    assert 'pip install -e ".[test]"' in (root / "README.md").read_text()
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
                             "--no-build-isolation", "-w", str(tmp_path / "dist"), str(root)],
                            capture_output=True, text=True, timeout=600)
@@ -136,7 +136,7 @@ def test_next_step_is_a_command_that_works_and_clashes_are_named(tmp_path):
     made = subprocess.run([sys.executable, "-m", "gradpipe.cli", "new-plugin", "adam"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
-    assert ('python -m pip install "./gradpipe-adam[test]" && '
+    assert ('python -m pip install -e "./gradpipe-adam[test]" && '
             "python -m pytest ./gradpipe-adam/tests") in made.stdout
     assert "transform 'adam' already exists" in made.stdout
     assert "'gradpipe-adam>adam'" in made.stdout
