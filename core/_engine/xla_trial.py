@@ -38,17 +38,21 @@ def _draws(op_type: str) -> bool:
 def random_draws(function: Any, args: tuple[Any, ...], names: dict[str, str]) -> str:
     """Which transform of ``function``'s trace for ``args`` draws random numbers ("" if
     none): compiled, it would draw other numbers than on the plain path."""
-    for op in _all_ops(function.get_concrete_function(*args).graph):
+    return _draws_in(_all_ops(function.get_concrete_function(*args).graph), names)
+
+
+def _draws_in(ops: list[Any], names: dict[str, str]) -> str:
+    for op in ops:
         if _draws(op.type):
             return (f"{_owner(op.name, names)} draws random numbers ({op.type}), which "
                     "XLA draws differently from the plain path")
     return ""
 
 
-def _slower_compiled(graph: Any, names: dict[str, str]) -> str:
-    """Which transform of the trace sorts, where XLA's sort on a CPU is slower than
-    TensorFlow's ("" if none)."""
-    op = slower_on_a_cpu(_all_ops(graph))
+def _slower_compiled(ops: list[Any], names: dict[str, str]) -> str:
+    """Which transform of the trace (``ops``) sorts, where XLA's sort on a CPU is slower
+    than TensorFlow's ("" if none)."""
+    op = slower_on_a_cpu(ops)
     if op is None:
         return ""
     return (f"{_owner(op.name, names)} sorts ({op.type}), which XLA runs 2-4x slower than "
@@ -65,13 +69,11 @@ def compiled_or_why_not(function: Any, args: tuple[Any, ...], names: dict[str, s
     ``lowered``: the shapeless digests of the build's functions that lowered; one
     that differs from them only in its tensors' shapes lowers alike, so is not
     lowered again (a transformer's ten shapes: 0.1 s each for an adaptive rule)."""
-    draws = random_draws(function, args, names)
-    if draws:
-        return draws
     concrete = function.get_concrete_function(*args)
-    slower = _slower_compiled(concrete.graph, names)
-    if slower:
-        return slower
+    ops = _all_ops(concrete.graph)
+    why = _draws_in(ops, names) or _slower_compiled(ops, names)
+    if why:
+        return why
     if lowers_by_its_ops(concrete.graph):
         return ""
     shapeless = trace_digest(concrete, shapes=False)
