@@ -349,3 +349,29 @@ def test_a_compiled_verdict_folds_its_comparisons_into_one_loop():
     pipe.build(variables)
     assert "lamb_checked at transforms[1]: bounded" in str(pipe.plan)
     assert "concatenate(" not in pipe.compiled_hlo(zip(grads, variables))
+
+
+def test_a_scalar_chained_through_a_thousand_ops_is_one_value_to_the_bound():
+    """A rate computed through a long chain of scalar ops (a schedule of many pieces),
+    again for each variable, is one value to the bound: its walk keeps no recursion
+    that such a chain would exhaust (the transform was checked instead)."""
+    from gradpipe.plugin import no_state
+
+    def factory(cfg):
+        def update(grads, state, variables):
+            updates = []
+            for g in grads:
+                rate = tf.constant(0.5)
+                for _ in range(1200):
+                    rate = rate * 1.0001 + 1e-7
+                updates.append(None if g is None else g * rate)
+            return updates, state
+
+        return Transform(no_state, update)
+
+    register_transform("long_chain", factory)
+    # not compiled (no XLA compile of the chain), large enough to be bounded
+    pipe = gradpipe.build({"transforms": [{"kind": "long_chain"}, {"kind": "sgd"}],
+                           "pipeline": {"jit_compile": False}})
+    pipe.build([tf.Variable(tf.zeros([1 << 20]))])
+    assert "long_chain at transforms[0]: bounded" in str(pipe.plan), pipe.plan

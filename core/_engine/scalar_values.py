@@ -29,9 +29,23 @@ def own_values(by_value: bool) -> Callable[[Any], bool]:
     seen: dict[Any, bool] = {}
 
     def from_a_tensor(x: Any) -> bool:
-        if x.ref() not in seen:
-            seen[x.ref()] = has_bounds(x.op) and any(
-                i.shape.num_elements() != 1 or from_a_tensor(i) for i in value_inputs(x.op))
+        # without recursion: a schedule's scalars can chain thousands of ops
+        stack = [x]
+        while stack:
+            top = stack[-1]
+            if top.ref() in seen:
+                stack.pop()
+                continue
+            inputs = value_inputs(top.op) if has_bounds(top.op) else []
+            if any(i.shape.num_elements() != 1 for i in inputs):
+                seen[top.ref()] = True
+            else:
+                pending = [i for i in inputs if i.ref() not in seen]
+                if pending:
+                    stack.extend(pending)
+                    continue
+                seen[top.ref()] = any(seen[i.ref()] for i in inputs)
+            stack.pop()
         return seen[x.ref()]
 
     return lambda x: x.shape.num_elements() == 1 and (by_value or not from_a_tensor(x))
@@ -63,21 +77,36 @@ _PURE = frozenset(("Cast", "Identity", "Neg", "AddV2", "Add", "Sub", "Mul", "Rea
                    "Log", "Reciprocal", "Abs", "Reshape", "Sign", "Floor", "Ceil"))
 
 
-def same_value(x: Any, keys: dict[Any, Any]) -> Any:
+def same_value(x: Any, keys: dict[Any, Any]) -> int:
     """A key that two scalars share where they are the same value: constants, and the
     same pure operations of such (a rule's ``1 - beta`` is computed again for each
     variable: without this, each variable's maths would be a new walk). ``keys``
-    memoizes it by tensor; a scalar of any other origin is its own key."""
-    if x.ref() in keys:
-        return keys[x.ref()]
-    op = x.op
-    key: Any = ("own", x.ref())
-    if op.type == "Const":
-        key = ("Const", x.dtype.name, tuple(x.shape.as_list()),
-               np.asarray(tf.get_static_value(x)).tobytes())
-    elif op.type in _PURE and not op.control_inputs and all(
-            i.shape.num_elements() == 1 for i in op.inputs):
-        key = (op.type, x.dtype.name, tuple(x.shape.as_list()),
-               tuple(same_value(i, keys) for i in op.inputs))
-    keys[x.ref()] = key
-    return key
+    memoizes it by tensor; a scalar of any other origin is its own key. Each key is
+    a number, and an operation's key holds its inputs' numbers: keys of a schedule's
+    chain of thousands of scalar ops stay flat, and so does the walk."""
+
+    def number(key: tuple[Any, ...]) -> int:
+        return keys.setdefault(("number", key), len(keys))
+
+    stack = [x]
+    while stack:
+        top = stack[-1]
+        if top.ref() in keys:
+            stack.pop()
+            continue
+        op = top.op
+        key: tuple[Any, ...] = ("own", top.ref())
+        if op.type == "Const":
+            key = ("Const", top.dtype.name, tuple(top.shape.as_list()),
+                   np.asarray(tf.get_static_value(top)).tobytes())
+        elif op.type in _PURE and not op.control_inputs and all(
+                i.shape.num_elements() == 1 for i in op.inputs):
+            pending = [i for i in op.inputs if i.ref() not in keys]
+            if pending:
+                stack.extend(pending)
+                continue
+            key = (op.type, top.dtype.name, tuple(top.shape.as_list()),
+                   tuple(keys[i.ref()] for i in op.inputs))
+        keys[top.ref()] = number(key)
+        stack.pop()
+    return int(keys[x.ref()])
