@@ -15,7 +15,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
-from .cli_args import pipeline_file
+from .cli_args import parse_shapes, pipeline_file, with_shapes_hint
 from .errors import ConfigError, GradpipeError
 from .run_command import add_run_parser, import_tensorflow_quietly
 from .serve import add_serve_parser
@@ -222,9 +222,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.plan or args.problem or args.shapes:
         from .runner import plan_problem
 
-        shapes = _shapes(args.shapes) if args.shapes else None
+        shapes = parse_shapes(args.shapes) if args.shapes else None
         import_tensorflow_quietly(spec)
-        plan = plan_problem(spec, problem=args.problem, shapes=shapes)
+        try:
+            plan = plan_problem(spec, problem=args.problem, shapes=shapes)
+        except ConfigError as exc:
+            raise with_shapes_hint(exc, shapes) from None
         print(json.dumps({"ok": True, "plan": plan}, indent=2) if args.json else plan)
     elif args.json:
         print(json.dumps({"ok": True, "pipeline": spec.to_mapping()}, indent=2))
@@ -234,40 +237,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"# {args.file}: OK. Resolved pipeline, defaults filled in:")
         print(spec.to_toml(), end="")
     return 0
-
-
-def _shapes(text: str) -> dict[str, list[int]]:
-    """``784x256,256`` or ``800x500*50,500*50``: one shape per variable, where
-    ``SHAPE*N`` stands for N variables of that shape; ``NAME=SHAPE`` names the
-    variable (``NAME_0`` .. for ``NAME=SHAPE*N``) so that ``variables`` and
-    ``exclude`` patterns select as they would in the user's model."""
-    shapes: dict[str, list[int]] = {}
-    try:
-        for part in text.split(","):
-            name, equals, shape = part.rpartition("=")
-            shape, star, count = shape.partition("*")
-            dims = [int(d) for d in shape.split("x")]
-            repeat = int(count) if star else 1
-            if repeat < 1 or (equals and not name):
-                raise ValueError(part)
-            if not name:
-                names = [f"variable_{len(shapes) + i}" for i in range(repeat)]
-            elif repeat == 1:
-                names = [name]
-            else:
-                names = [f"{name}_{i}" for i in range(repeat)]
-            for each in names:
-                if each in shapes:
-                    raise GradpipeError(f"--shapes {text!r}: {each!r} is named twice")
-                shapes[each] = dims
-    except ValueError:
-        shapes = {}
-    if not shapes or any(d <= 0 for s in shapes.values() for d in s):
-        raise GradpipeError(f"--shapes {text!r}: give variable shapes as dimensions "
-                            "joined by x, separated by commas, SHAPE*N for N variables "
-                            "of one shape, NAME=SHAPE to name one: 784x256,256,256x10,10 "
-                            "or 800x500*50,500*50 or dense/kernel=784x256,dense/bias=256")
-    return shapes
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SetOnce", "pipeline_file", "pipeline_file_or_folder"]
+import attrs
+
+from .errors import ConfigError, GradpipeError
+
+__all__ = ["SetOnce", "parse_shapes", "pipeline_file", "pipeline_file_or_folder",
+           "with_shapes_hint"]
 
 
 def pipeline_file(text: str) -> str:
@@ -76,3 +82,48 @@ def _clash(first: Any, second: Any) -> str | None:
 
 def _raw(argument: str) -> str:
     return argument.partition("=")[2].strip()
+
+
+def with_shapes_hint(exc: ConfigError, shapes: dict[str, list[int]] | None) -> ConfigError:
+    """``exc``, where a pattern matched none of the unnamed ``--shapes`` variables, with
+    how to name them."""
+    if not shapes or not all(re.fullmatch(r"variable_\d+", name) for name in shapes):
+        return exc
+    hint = ("; name them as your model does with --shapes NAME=SHAPE "
+            "(dense/kernel=784x256,dense/bias=256)")
+    return ConfigError([attrs.evolve(p, message=p.message + hint)
+                        if "matches no variable" in p.message else p for p in exc.problems])
+
+
+def parse_shapes(text: str) -> dict[str, list[int]]:
+    """``784x256,256`` or ``800x500*50,500*50``: one shape per variable, where
+    ``SHAPE*N`` stands for N variables of that shape; ``NAME=SHAPE`` names the
+    variable (``NAME_0`` .. for ``NAME=SHAPE*N``) so that ``variables`` and
+    ``exclude`` patterns select as they would in the user's model."""
+    shapes: dict[str, list[int]] = {}
+    try:
+        for part in text.split(","):
+            name, equals, shape = part.rpartition("=")
+            shape, star, count = shape.partition("*")
+            dims = [int(d) for d in shape.split("x")]
+            repeat = int(count) if star else 1
+            if repeat < 1 or (equals and not name):
+                raise ValueError(part)
+            if not name:
+                names = [f"variable_{len(shapes) + i}" for i in range(repeat)]
+            elif repeat == 1:
+                names = [name]
+            else:
+                names = [f"{name}_{i}" for i in range(repeat)]
+            for each in names:
+                if each in shapes:
+                    raise GradpipeError(f"--shapes {text!r}: {each!r} is named twice")
+                shapes[each] = dims
+    except ValueError:
+        shapes = {}
+    if not shapes or any(d <= 0 for s in shapes.values() for d in s):
+        raise GradpipeError(f"--shapes {text!r}: give variable shapes as dimensions "
+                            "joined by x, separated by commas, SHAPE*N for N variables "
+                            "of one shape, NAME=SHAPE to name one: 784x256,256,256x10,10 "
+                            "or 800x500*50,500*50 or dense/kernel=784x256,dense/bias=256")
+    return shapes

@@ -35,6 +35,8 @@ _OPTAX_SCHEDULES = {
 
 # OpenSeq2Seq's keys that gradpipe names otherwise (and larc_params' larc_ prefix)
 _OPENSEQ2SEQ_NAMES = {"iter_size": "accumulation_steps"}
+# TF Addons' warm-up and decay arguments of RectifiedAdam and Lamb: a schedule here
+_TFA_SCHEDULE = ("total_steps", "warmup_proportion", "min_lr")
 # How other libraries choose a rule's variables (TF Addons' MultiOptimizer takes layers)
 _SELECTING = ("variable", "var_list", "layers", "layer", "decay_var_list")
 # Options of other libraries' optimizers that are a transform of their own here
@@ -92,14 +94,22 @@ def _named_elsewhere(word: str, names: list[str]) -> str | None:
         return f" (did you mean {_OPENSEQ2SEQ_NAMES[word]!r}? OpenSeq2Seq's {word})"
     if word.startswith("larc_") and word[5:] in names:  # OpenSeq2Seq's larc_eta: eta
         return f" (did you mean {word[5:]!r}?)"
+    if word == "exclude_from_weight_decay" and "exclude" in names:
+        return (" (did you mean 'exclude'? it leaves variables out of this whole table: to "
+                "leave them out of the decay alone, decay in a 'weight_decay' table after the "
+                "rule, with that exclude)")
+    if word in _TFA_SCHEDULE and "learning_rate" in names:
+        return (f" (TF Addons' {word} is part of a learning_rate schedule here: see "
+                "docs/coming-from-tf-addons.md)")
     if word in _SELECTING and "variables" in names:
         return (" (did you mean 'variables'? regular expressions matched against variable "
                 "paths, such as [\"dense_1/\"])")
     if word in _OWN_TRANSFORM and "variables" in names:  # a transform's table
         kind, where = _OWN_TRANSFORM[word]
-        scaled = ("; set its learning_rate to this rule's (\"@lr\" for a schedule) to decay "
-                  "by learning_rate * weight_decay * w, as optax and Keras do (its default "
-                  "1.0 is TF Addons' decay)" if kind == "weight_decay" else "")
+        scaled = ("; its learning_rate scales the decay: this rule's (\"@lr\" for a "
+                  "schedule) decays by learning_rate * weight_decay * w, as optax, Keras and "
+                  "TF Addons' RectifiedAdam do; its default 1.0 by weight_decay * w, as TF "
+                  "Addons' AdamW and SGDW do" if kind == "weight_decay" else "")
         return (f" ({word} is a transform of its own here: a [[transforms]] table with "
                 f"kind = \"{kind}\" {where} this one{scaled})")
     if word in _OTHER_CLASSES and _OTHER_CLASSES[word][0] in names:

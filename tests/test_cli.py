@@ -113,7 +113,8 @@ def test_check_shapes_repeat_a_shape_and_imply_plan():
 
 def test_check_shapes_named_as_the_model_names_them_meet_the_patterns(write_toml):
     """`NAME=SHAPE` gives the planned variable that path, so a file whose rules select
-    variables by pattern plans for them; unnamed, no rule selects `variable_0`."""
+    variables by pattern plans for them; unnamed, no rule selects `variable_0`, and the
+    error says how to name them."""
     path = write_toml("""
         [[transforms]]
         kind = "adagrad"
@@ -129,6 +130,7 @@ def test_check_shapes_named_as_the_model_names_them_meet_the_patterns(write_toml
     assert named.stdout.startswith("plan for 3 variables, 4,009 parameters:\n")
     unnamed = gradpipe_cli("check", str(path), "--shapes", "500x8,8x1,1")
     assert unnamed.returncode == 1 and "variable_0" in unnamed.stderr
+    assert "name them as your model does with --shapes NAME=SHAPE" in unnamed.stderr
     twice = gradpipe_cli("check", str(path), "--shapes", "dense=8*2,dense_1=8")
     assert twice.returncode == 1 and "'dense_1' is named twice" in twice.stderr
 

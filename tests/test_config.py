@@ -149,8 +149,14 @@ class TestErrors:
         ({"kind": "sgd", "layers": ["dense_1"]}, "layers", "did you mean 'variables'?"),
         ({"kind": "lion", "weight_decay": 1e-3}, "weight_decay", "weight_decay is a "
          'transform of its own here: a [[transforms]] table with kind = "weight_decay" '
-         'after this one; set its learning_rate to this rule\'s ("@lr" for a schedule) to '
-         "decay by learning_rate * weight_decay * w, as optax and Keras do"),
+         'after this one; its learning_rate scales the decay: this rule\'s ("@lr" for a '
+         "schedule) decays by learning_rate * weight_decay * w, as optax, Keras and TF "
+         "Addons' RectifiedAdam do; its default 1.0 by weight_decay * w, as TF Addons' "
+         "AdamW and SGDW do"),
+        ({"kind": "weight_decay", "weight_decay": 0.1, "exclude_from_weight_decay": ["bias"]},
+         "exclude_from_weight_decay", "did you mean 'exclude'?"),
+        ({"kind": "radam", "total_steps": 1000}, "total_steps", "TF Addons' total_steps is "
+         "part of a learning_rate schedule here: see docs/coming-from-tf-addons.md"),
         ({"kind": "adam", "global_clipnorm": 1.0}, "global_clipnorm", 'kind = '
          '"clip_by_global_norm" before this one'),
         # optax's mask marks what is decayed: the opposite of exclude_from_weight_decay

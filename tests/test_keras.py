@@ -321,6 +321,21 @@ def test_a_scheduled_learning_rate_is_read_and_cannot_be_set():
     assert "learning_rate" not in pipe.named_variables()
 
 
+def test_a_pipeline_without_a_learning_rate_reports_nan_to_keras():
+    """cocob takes no rate: Keras reads NaN, ReduceLROnPlateau sets nothing and logs
+    NaN, and LearningRateScheduler, which must set one, is an error saying why."""
+    pipe = gradpipe.build({"transforms": [{"kind": "cocob"}]})
+    m = model()
+    m.compile(optimizer=pipe.keras_optimizer(), loss="mse")
+    assert np.isnan(float(m.optimizer.learning_rate))
+    history = m.fit(X, Y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[
+        keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=0, min_delta=10.0)])
+    assert np.isnan(history.history["learning_rate"]).all()
+    with pytest.raises(GradpipeError, match="no update rule of this pipeline has a learning_rate"):
+        m.fit(X, Y, batch_size=32, epochs=1, verbose=0, callbacks=[
+            keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.1)])
+
+
 def lr_callbacks():
     """Halve the rate from the second epoch on; halve it again on every plateau."""
     return [keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.5 if epoch else lr),

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from ..distribute import in_its_scope, is_parameter_server
 from ..errors import GradpipeError
-from ..names import leaf_names, matched_layout
+from ..names import leaf_names, matched_layout, variable_path
 from ..spec import PipelineSpec
 from .packed import PACKED_PATH, PackedLayout, PackedVariables, SlotView
 from .shards import Shards, StepLock, tf_variable, variable_key
@@ -266,8 +266,9 @@ class StateStore(tf.Module):
             index = self._index.get(variable_key(v))
             if index is None:
                 raise GradpipeError(
-                    f"variable {getattr(v, 'name', v)!r} was not among the variables "
-                    "this pipeline was built for; build a new pipeline for a new model")
+                    f"variable {variable_path(v)!r} was not among the variables this "
+                    "pipeline was built for; build a new pipeline (or keras_optimizer()) "
+                    "for a new model")
             grads[index] = g
         return grads
 
