@@ -339,8 +339,9 @@ def page() -> str:
         "",
         "`extend_with_decoupled_weight_decay(AnyOptimizer)` is any rule followed by",
         "`weight_decay`, whose `learning_rate` (default 1.0) multiplies the decay:",
-        "TF Addons' decay is `weight_decay * w`, not scaled by the rate, which the",
-        "default keeps. `MultiOptimizer([(opt, layers), ...])` and discriminative",
+        "the extension's decay (`AdamW`, `SGDW`) is `weight_decay * w`, not scaled by",
+        "the rate, which the default keeps (`RectifiedAdam`'s own `weight_decay` is",
+        "scaled: see its section). `MultiOptimizer([(opt, layers), ...])` and discriminative",
         "layer training are several rules in one chain, each with `variables = [...]`",
         "(see [Transforms](transforms.md#different-rules-per-variable-group-tf-addons-"
         "multioptimizer)).",
