@@ -264,12 +264,13 @@ FOLD_WIDTH = 32
 def _folded_sum_of_squares(value: Any, squares: Callable[[Any], Any]) -> Any:
     """XLA's CPU reduction is one sequential loop of dependent additions (3-4 GB/s
     against 15-20 for its elementwise loops). So the tensor is first folded: its
-    ``FOLD_ROWS`` contiguous slices are squared and added elementwise, a loop XLA
-    vectorises and splits across threads. The folded row, read as a
-    ``[k, FOLD_WIDTH]`` matrix, is multiplied by a vector of ones: XLA fuses that
-    product into the fold's loop, so the loop writes ``k`` partial sums instead of
-    the row, and only those are reduced (with the row's last ``row % FOLD_WIDTH``
-    elements). The slices are read in place (benchmarks/HISTORY.md)."""
+    ``FOLD_ROWS`` contiguous slices are squared and added elementwise (a sum over
+    the outer axis of a ``[FOLD_ROWS, row]`` view: a few ops to compile, where a
+    split into slices took three a slice), a loop XLA vectorises and splits
+    across threads. The folded row, read as a ``[k, FOLD_WIDTH]`` matrix, is
+    multiplied by a vector of ones: XLA fuses that product into the fold's loop,
+    so the loop writes ``k`` partial sums instead of the row, and only those are
+    reduced (with the row's last ``row % FOLD_WIDTH`` elements): benchmarks/HISTORY.md."""
     import tensorflow as tf
 
     flat = tf.reshape(value, [-1])
@@ -277,8 +278,7 @@ def _folded_sum_of_squares(value: Any, squares: Callable[[Any], Any]) -> Any:
     if size is None or size < FOLD_ROWS * FOLD_MIN_ROW:
         return tf.reduce_sum(squares(flat))
     row = size // FOLD_ROWS
-    rows = tf.split(flat[:FOLD_ROWS * row], FOLD_ROWS)  # one op, FOLD_ROWS outputs
-    folded = tf.add_n([squares(r) for r in rows])
+    folded = tf.reduce_sum(tf.reshape(squares(flat[:FOLD_ROWS * row]), [FOLD_ROWS, row]), 0)
     k = row // FOLD_WIDTH
     partial_sums = tf.linalg.matvec(tf.reshape(folded[:k * FOLD_WIDTH], [k, FOLD_WIDTH]),
                                     tf.ones([FOLD_WIDTH]))

@@ -762,9 +762,9 @@ def test_xla_sum_of_squares_is_not_finite_exactly_when_l2loss_is_not(poison, exp
 def test_xla_sum_of_squares_folds_before_it_reduces(dtype):
     """XLA's CPU reduction is a sequential loop; the fold is what makes the sum run
     at memory bandwidth. In the optimised HLO nothing of the tensor's size is
-    materialised (not its float32 cast either), and the fold's loop yields partial
-    sums of FOLD_WIDTH elements of its row: no reduction has an operand longer
-    than those (or than a remainder of fewer than FOLD_WIDTH elements)."""
+    materialised (not its float32 cast either), and every reduction adds up short
+    runs: the fold FOLD_ROWS elements for each element of its row, then partial
+    sums of FOLD_WIDTH elements of that row (or a remainder of fewer)."""
     import re
 
     size = 100_003
@@ -776,13 +776,15 @@ def test_xla_sum_of_squares_folds_before_it_reduces(dtype):
                if not re.match(r"%(fused|wrapped)", block.lstrip())]
     materialised = re.findall(rf"= \w+\[{size}\]\{{0\}} ([\w-]+)\(", "\n".join(unfused))
     assert set(materialised) <= {"parameter", "bitcast"}, materialised
-    shapes = dict(re.findall(r"%([\w.-]+) = f32\[(\d*)\]", hlo))
-    reduced = re.findall(r"reduce(?:-window)?\(%([\w.-]+)", hlo)
+    sizes = {name: int(np.prod([int(d) for d in dims.split(",") if d]))
+             for name, dims in re.findall(r"%([\w.-]+) = f32\[([\d,]*)\]", hlo)}
+    reduced = re.findall(r"%([\w.-]+) = f32\[[\d,]*\]\S* reduce(?:-window)?\(%([\w.-]+)",
+                         hlo)
     assert reduced, hlo
-    width = gradpipe.transform.FOLD_WIDTH
-    partial_sums = size // gradpipe.transform.FOLD_ROWS // width
-    assert all(int(shapes[name] or 1) <= max(partial_sums, width) for name in reduced), (
-        reduced, shapes)
+    rows, width = gradpipe.transform.FOLD_ROWS, gradpipe.transform.FOLD_WIDTH
+    partial_sums = size // rows // width
+    runs = {out: sizes[operand] // sizes[out] for out, operand in reduced}
+    assert all(run <= max(partial_sums, width, rows) for run in runs.values()), runs
 
 
 def test_keep_where_skipped_is_checked_not_trusted():
