@@ -28,27 +28,17 @@ def own_values(by_value: bool) -> Callable[[Any], bool]:
     bounds to hold (``guard.how_bounded`` finds out)."""
     seen: dict[Any, bool] = {}
 
-    def from_a_tensor(x: Any) -> bool:
-        # without recursion: a schedule's scalars can chain thousands of ops
-        stack = [x]
-        while stack:
-            top = stack[-1]
-            if top.ref() in seen:
-                stack.pop()
-                continue
-            inputs = value_inputs(top.op) if has_bounds(top.op) else []
-            if any(i.shape.num_elements() != 1 for i in inputs):
-                seen[top.ref()] = True
-            else:
-                pending = [i for i in inputs if i.ref() not in seen]
-                if pending:
-                    stack.extend(pending)
-                    continue
-                seen[top.ref()] = any(seen[i.ref()] for i in inputs)
-            stack.pop()
-        return seen[x.ref()]
+    def scalar_inputs(t: Any) -> list[Any]:  # a tensor input decides: no need of these
+        inputs = value_inputs(t.op) if has_bounds(t.op) else []
+        return [] if any(i.shape.num_elements() != 1 for i in inputs) else inputs
 
-    return lambda x: x.shape.num_elements() == 1 and (by_value or not from_a_tensor(x))
+    def from_a_tensor(t: Any) -> bool:
+        inputs = value_inputs(t.op) if has_bounds(t.op) else []
+        return (any(i.shape.num_elements() != 1 for i in inputs)
+                or any(seen[i.ref()] for i in inputs))
+
+    return lambda x: x.shape.num_elements() == 1 and (
+        by_value or not _after_inputs(x, seen, scalar_inputs, from_a_tensor))
 
 
 def taken_as_values(tensors: Sequence[Any], own_value: Callable[[Any], bool]) -> list[Any]:
@@ -85,28 +75,39 @@ def same_value(x: Any, keys: dict[Any, Any]) -> int:
     a number, and an operation's key holds its inputs' numbers: keys of a schedule's
     chain of thousands of scalar ops stay flat, and so does the walk."""
 
-    def number(key: tuple[Any, ...]) -> int:
+    def pure_inputs(t: Any) -> list[Any]:
+        op = t.op
+        return list(op.inputs) if (op.type in _PURE and not op.control_inputs and all(
+            i.shape.num_elements() == 1 for i in op.inputs)) else []
+
+    def key_of(t: Any) -> int:
+        key: tuple[Any, ...] = ("own", t.ref())
+        if t.op.type == "Const":
+            key = ("Const", t.dtype.name, tuple(t.shape.as_list()),
+                   np.asarray(tf.get_static_value(t)).tobytes())
+        elif inputs := pure_inputs(t):
+            key = (t.op.type, t.dtype.name, tuple(t.shape.as_list()),
+                   tuple(keys[i.ref()] for i in inputs))
         return keys.setdefault(("number", key), len(keys))
 
+    return int(_after_inputs(x, keys, pure_inputs, key_of))
+
+
+def _after_inputs(x: Any, done: dict[Any, Any], inputs: Callable[[Any], list[Any]],
+                  compute: Callable[[Any], Any]) -> Any:
+    """``done[x.ref()]``, set to ``compute(t)`` for ``x`` and each tensor it depends on
+    through ``inputs``, after theirs (``compute`` reads them from ``done``). With a
+    stack, not recursion: a schedule's scalars can chain thousands of ops."""
     stack = [x]
     while stack:
         top = stack[-1]
-        if top.ref() in keys:
+        if top.ref() in done:
             stack.pop()
             continue
-        op = top.op
-        key: tuple[Any, ...] = ("own", top.ref())
-        if op.type == "Const":
-            key = ("Const", top.dtype.name, tuple(top.shape.as_list()),
-                   np.asarray(tf.get_static_value(top)).tobytes())
-        elif op.type in _PURE and not op.control_inputs and all(
-                i.shape.num_elements() == 1 for i in op.inputs):
-            pending = [i for i in op.inputs if i.ref() not in keys]
-            if pending:
-                stack.extend(pending)
-                continue
-            key = (op.type, top.dtype.name, tuple(top.shape.as_list()),
-                   tuple(keys[i.ref()] for i in op.inputs))
-        keys[top.ref()] = number(key)
+        pending = [i for i in inputs(top) if i.ref() not in done]
+        if pending:
+            stack.extend(pending)
+            continue
+        done[top.ref()] = compute(top)
         stack.pop()
-    return int(keys[x.ref()])
+    return done[x.ref()]
