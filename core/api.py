@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .components import create
 from .config import parse_mapping
+from .errors import GradpipeError
 from .spec import PipelineSpec
 from .toml_source import read_file
 
@@ -30,7 +31,17 @@ def parse(source: str | Path | Mapping[str, Any]) -> PipelineSpec:
 
 def load(path: str | Path) -> Pipeline:
     """Read, validate and build the pipeline in a TOML file."""
+    if not isinstance(path, (str, Path)):
+        raise GradpipeError(f"gradpipe.load takes a pipeline file's path; got a "
+                            f"{type(path).__name__}: " + _build_instead(path))
     return _build_spec(parse(Path(path)))
+
+
+def _build_instead(value: Any) -> str:
+    """What builds a pipeline from ``value`` where ``load`` was called with it."""
+    if type(value).__module__.split(".")[0] in ("keras", "tf_keras"):
+        return "for a Keras optimizer, gradpipe.build(gradpipe.from_keras(optimizer))"
+    return "gradpipe.build takes a mapping (a TOML-shaped dict)"
 
 
 def build(mapping: Mapping[str, Any] | PipelineSpec) -> Pipeline:

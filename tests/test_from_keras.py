@@ -305,3 +305,14 @@ def test_from_keras_cli_prints_the_pipeline_a_keras_file_holds(tmp_path, capsys)
     printed = capsys.readouterr().out
     assert printed.startswith("# The pipeline stored in m.keras (gradpipe from-keras).\n")
     assert gradpipe.parse(tomllib.loads(printed)) == pipe.spec
+
+
+@pytest.mark.parametrize("given, instead", [
+    (keras.optimizers.Adam(1e-3), r"for a Keras optimizer, gradpipe\.build\(gradpipe\."
+                                  r"from_keras\(optimizer\)\)"),
+    ({"transforms": [{"kind": "adam"}]}, r"gradpipe\.build takes a mapping"),
+])
+def test_load_given_an_optimizer_or_a_table_says_what_builds_it(given, instead):
+    with pytest.raises(gradpipe.GradpipeError, match=r"gradpipe\.load takes a pipeline "
+                                                     r"file's path; got a \w+: " + instead):
+        gradpipe.load(given)

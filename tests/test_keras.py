@@ -321,6 +321,26 @@ def test_a_scheduled_learning_rate_is_read_and_cannot_be_set():
     assert "learning_rate" not in pipe.named_variables()
 
 
+def test_the_rate_reads_and_assigns_as_keras_rate_variable_does():
+    """Code written for Keras's optimizers reads ``optimizer.learning_rate`` as a
+    tensor (float, numpy, arithmetic) and sets it with ``.assign(x)``: the same on the
+    pipeline's, where the assignment is validated as ``pipe.learning_rate = x``."""
+    pipe = gradpipe.build({"transforms": [{"kind": "adam", "learning_rate": 1e-3}]})
+    native = keras.optimizers.Adam(1e-3)
+    ours = pipe.keras_optimizer()
+    for optimizer in (native, ours):
+        rate = optimizer.learning_rate
+        assert float(rate) == pytest.approx(1e-3) and np.asarray(rate) == np.float32(1e-3)
+        assert float(rate * 0.5) == pytest.approx(5e-4) and bool(rate > 1e-4)
+        assert float(keras.ops.convert_to_numpy(rate)) == pytest.approx(1e-3)
+        optimizer.learning_rate.assign(5e-4)
+        assert float(optimizer.learning_rate) == pytest.approx(5e-4)
+    assert float(pipe.learning_rate) == pytest.approx(5e-4)
+    with pytest.raises(GradpipeError, match="learning_rate"):
+        ours.learning_rate.assign(-1.0)
+    assert float(pipe.learning_rate) == pytest.approx(5e-4)
+
+
 def test_a_pipeline_without_a_learning_rate_reports_nan_to_keras():
     """cocob takes no rate: Keras reads NaN, ReduceLROnPlateau sets nothing and logs
     NaN, and LearningRateScheduler, which must set one, is an error saying why."""

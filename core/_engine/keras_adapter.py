@@ -14,7 +14,13 @@ from typing import Any
 
 from ..distribute import build_eagerly_once
 from ..errors import GradpipeError
-from .keras_common import AdapterMethods, add_keras_loss_scale, pipeline_from_toml, scale_loss
+from .keras_common import (
+    AdapterMethods,
+    LearningRateHandle,
+    add_keras_loss_scale,
+    pipeline_from_toml,
+    scale_loss,
+)
 
 _CLASS: Any = None
 
@@ -60,7 +66,7 @@ def optimizer_class(pipeline_type: type) -> Any:
 
         @property
         def learning_rate(self) -> Any:
-            return self.pipeline.learning_rate
+            return LearningRateHandle(self.pipeline)
 
         @learning_rate.setter
         def learning_rate(self, value: Any) -> None:

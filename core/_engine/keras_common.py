@@ -135,3 +135,61 @@ class AdapterMethods:
 
     def load_own_variables(self, store: Any) -> None:
         load_state(self.pipeline, store)
+
+
+class LearningRateHandle:
+    """``optimizer.learning_rate`` (tf-keras: ``optimizer.lr``): the pipeline's rate
+    as Keras code uses a rate variable. It reads as a float32 tensor (``float()``,
+    numpy, arithmetic, ``backend.get_value``), and ``assign`` (tf-keras's
+    ``backend.set_value``, a callback's ``learning_rate.assign(x)``) sets it,
+    validated as ``pipe.learning_rate = x`` is."""
+
+    is_tensor_like = True  # so that backend.get_value reads it with numpy()
+
+    def __init__(self, pipeline: Any) -> None:
+        self._pipeline = pipeline
+
+    @property
+    def dtype(self) -> Any:
+        import tensorflow as tf
+
+        return tf.float32
+
+    def read_value(self) -> Any:
+        return self._pipeline.learning_rate
+
+    def numpy(self) -> Any:
+        return self.read_value().numpy()
+
+    def assign(self, value: Any, read_value: bool = False) -> Any:
+        self._pipeline.learning_rate = value
+        return self.read_value() if read_value else None
+
+    def __tf_tensor__(self, dtype: Any = None, name: Any = None) -> Any:
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(self.read_value(), dtype=dtype, name=name)
+
+    def __float__(self) -> float:
+        return float(self.numpy())
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        import numpy as np
+
+        return np.asarray(self.numpy(), dtype=dtype)
+
+    def __repr__(self) -> str:
+        return f"<gradpipe learning rate {float(self)}>"
+
+
+def _read_then(name: str) -> Any:
+    return lambda self, *args: getattr(self.read_value(), name)(*args)
+
+
+# arithmetic and comparisons, as on the tensor the rate reads as (Keras's rate
+# variable has them: ``optimizer.learning_rate * 0.5``)
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
+              "__truediv__", "__rtruediv__", "__pow__", "__neg__", "__abs__", "__lt__",
+              "__le__", "__gt__", "__ge__"):
+    setattr(LearningRateHandle, _name, _read_then(_name))
+

@@ -16,7 +16,13 @@ from typing import Any
 
 from ..distribute import build_eagerly_once
 from ..errors import GradpipeError
-from .keras_common import AdapterMethods, add_keras_loss_scale, pipeline_from_toml, scale_loss
+from .keras_common import (
+    AdapterMethods,
+    LearningRateHandle,
+    add_keras_loss_scale,
+    pipeline_from_toml,
+    scale_loss,
+)
 
 _CLASS: Any = None
 
@@ -31,49 +37,6 @@ class _CallableList(list):
 
     def __call__(self) -> list[Any]:
         return list(self)
-
-
-class LearningRateHandle:
-    """``optimizer.lr`` under tf-keras: the pipeline's rate as tf-keras's callbacks
-    use a rate variable (``backend.get_value`` reads it, ``backend.set_value``
-    assigns it), every assignment validated by ``pipe.learning_rate = x``."""
-
-    is_tensor_like = True  # so that backend.get_value reads it with numpy()
-
-    def __init__(self, pipeline: Any) -> None:
-        self._pipeline = pipeline
-
-    @property
-    def dtype(self) -> Any:
-        import tensorflow as tf
-
-        return tf.float32
-
-    def read_value(self) -> Any:
-        return self._pipeline.learning_rate
-
-    def numpy(self) -> Any:
-        return self.read_value().numpy()
-
-    def assign(self, value: Any, read_value: bool = False) -> Any:
-        self._pipeline.learning_rate = value
-        return self.read_value() if read_value else None
-
-    def __tf_tensor__(self, dtype: Any = None, name: Any = None) -> Any:
-        import tensorflow as tf
-
-        return tf.convert_to_tensor(self.read_value(), dtype=dtype, name=name)
-
-    def __float__(self) -> float:
-        return float(self.numpy())
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        import numpy as np
-
-        return np.asarray(self.numpy(), dtype=dtype)
-
-    def __repr__(self) -> str:
-        return f"<gradpipe learning rate {float(self)}>"
 
 
 def optimizer_class(pipeline_type: type) -> Any:
