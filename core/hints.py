@@ -35,7 +35,7 @@ _OPTAX_SCHEDULES = {
 
 # OpenSeq2Seq's keys that gradpipe names otherwise (and larc_params' larc_ prefix)
 _OPENSEQ2SEQ_NAMES = {"iter_size": "accumulation_steps"}
-# TF Addons' warm-up and decay arguments of RectifiedAdam and Lamb: a schedule here
+# TF Addons' RectifiedAdam's warm-up and decay arguments: a learning_rate schedule here
 _TFA_SCHEDULE = ("total_steps", "warmup_proportion", "min_lr")
 # How other libraries choose a rule's variables (TF Addons' MultiOptimizer takes layers)
 _SELECTING = ("variable", "var_list", "layers", "layer", "decay_var_list")
