@@ -143,8 +143,10 @@ def test_mixed_float16_without_a_loss_scale_adds_the_one_compile_would_add():
                 r'has no \[loss_scale\]; it uses keras\'s default, as compile\(\) would: '
                 r'\[loss_scale\] kind = "dynamic", initial_loss_scale = 32768\.0, '
                 r"increment_period = 2000, min_loss_scale = 0\.0\. Put a \[loss_scale\] "
-                r"table in the pipeline file to choose")):
+                r"table in the pipeline file to choose")) as said:
             fit(ours, pipe.keras_optimizer(), y=Y * 300, callbacks=[our_scales])
+        # named at the user's line, not inside gradpipe's or Keras's code
+        assert {w.filename for w in said if "loss_scale" in str(w.message)} == {__file__}
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert our_scales.scales == native_scales.scales

@@ -14,6 +14,7 @@ layout is an error that names what differs.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -51,7 +52,23 @@ def add_keras_loss_scale(pipe: Any, policy: str, keras: str) -> None:
         "gradpipe: the mixed_float16 policy needs loss scaling and this pipeline has no "
         f"[loss_scale]; it uses {keras}'s default, as compile() would: [loss_scale] "
         f"{keys}. Put a [loss_scale] table in the pipeline file to choose "
-        '(kind = "fixed" with loss_scale_value = 1.0 scales nothing).', stacklevel=3)
+        '(kind = "fixed" with loss_scale_value = 1.0 scales nothing).',
+        stacklevel=_level_of_user_code())
+
+
+def _level_of_user_code() -> int:
+    """The ``stacklevel`` of the first caller outside gradpipe, Keras and TensorFlow
+    (the build runs inside ``fit``'s first trace): a warning names the user's line."""
+    frame, level = sys._getframe(2), 2  # the caller of the function that warns
+    while frame.f_back is not None and _internal(frame.f_globals.get("__name__", "")):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _internal(module: str) -> bool:
+    root = module.split(".")[0]
+    return root in ("gradpipe", "keras", "tf_keras", "tensorflow") or (
+        root in sys.stdlib_module_names and root != "__main__")
 
 
 def scale_loss(pipe: Any, loss: Any) -> Any:
