@@ -238,7 +238,7 @@ def sum_of_squares(tensors: Sequence[Any], *, nan_unless_finite: bool = False) -
     if not values:
         return tf.constant(0.0)
 
-    def squares(x: Any) -> Any:  # cast slice by slice: a cast whole would be materialised
+    def squares(x: Any) -> Any:  # cast where squared: XLA fuses it into the summing loop
         x = tf.cast(x, tf.float32)
         if not nan_unless_finite:
             return tf.square(x)
@@ -263,14 +263,13 @@ FOLD_WIDTH = 32
 
 def _folded_sum_of_squares(value: Any, squares: Callable[[Any], Any]) -> Any:
     """XLA's CPU reduction is one sequential loop of dependent additions (3-4 GB/s
-    against 15-20 for its elementwise loops). So the tensor is first folded: its
-    ``FOLD_ROWS`` contiguous slices are squared and added elementwise (a sum over
-    the outer axis of a ``[FOLD_ROWS, row]`` view: a few ops to compile, where a
-    split into slices took three a slice), a loop XLA vectorises and splits
-    across threads. The folded row, read as a ``[k, FOLD_WIDTH]`` matrix, is
-    multiplied by a vector of ones: XLA fuses that product into the fold's loop,
-    so the loop writes ``k`` partial sums instead of the row, and only those are
-    reduced (with the row's last ``row % FOLD_WIDTH`` elements): benchmarks/HISTORY.md."""
+    against 15-20 for its elementwise loops). So the tensor is first folded: read
+    as a ``[FOLD_ROWS, row]`` view, squared and summed over its rows (4 ops to
+    compile; a split into slices, added, took three a slice), a loop XLA
+    vectorises and splits across threads, which writes a row of 1/FOLD_ROWS of the
+    tensor. That row, read as a ``[k, FOLD_WIDTH]`` matrix, is multiplied by a
+    vector of ones into ``k`` partial sums, and only those are reduced (with the
+    row's last ``row % FOLD_WIDTH`` elements): benchmarks/HISTORY.md."""
     import tensorflow as tf
 
     flat = tf.reshape(value, [-1])

@@ -60,15 +60,15 @@ def _level_of_user_code() -> int:
     """The ``stacklevel`` of the first caller outside gradpipe, Keras and TensorFlow
     (the build runs inside ``fit``'s first trace): a warning names the user's line."""
     frame, level = sys._getframe(2), 2  # the caller of the function that warns
-    while frame.f_back is not None and _internal(frame.f_globals.get("__name__", "")):
+    while frame.f_back is not None and frame.f_globals.get(
+            "__name__", "").split(".")[0] in _NOT_THE_USERS:
         frame, level = frame.f_back, level + 1
     return level
 
 
-def _internal(module: str) -> bool:
-    root = module.split(".")[0]
-    return root in ("gradpipe", "keras", "tf_keras", "tensorflow") or (
-        root in sys.stdlib_module_names and root != "__main__")
+# the packages a build runs through from the user's call: the standard library's too
+_NOT_THE_USERS = frozenset({"gradpipe", "keras", "tf_keras", "tensorflow"}
+                           ) | sys.stdlib_module_names
 
 
 def scale_loss(pipe: Any, loss: Any) -> Any:
@@ -209,4 +209,3 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
               "__truediv__", "__rtruediv__", "__pow__", "__neg__", "__abs__", "__lt__",
               "__le__", "__gt__", "__ge__"):
     setattr(LearningRateHandle, _name, _read_then(_name))
-
