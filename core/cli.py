@@ -291,17 +291,16 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .registry import get_registry
-    from .template import new_plugin
+    from .template import component_names, new_plugin
 
     root = new_plugin(args.name, Path(args.directory), args.component, args.rule)
     # pip reads "gradpipe-x[test]" as a package on the index; "./" makes it the folder.
     where = str(root) if root.is_absolute() else f"./{root}"
     print(f"wrote {root}; next:\n  python -m pip install -e \"{where}[test]\" && "
           f"python -m pytest {where}/tests")
-    names = [c.replace("-", "_").lower() for c in [*args.component, *args.rule]] or [
-        root.name.removeprefix("gradpipe-").replace("-", "_")]
+    _, transforms, rules = component_names(args.name, args.component, args.rule)
     existing = set(get_registry().names("transform"))
-    for name in (n for n in names if n in existing):
+    for name in (n for n in transforms + rules if n in existing):
         print(f"note: transform {name!r} already exists; while both are installed a "
               f"pipeline must write 'gradpipe>{name}' or '{root.name}>{name}'. "
               "Rename the component in the generated module to avoid that.")

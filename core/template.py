@@ -28,16 +28,8 @@ def new_plugin(name: str, directory: Path, components: Sequence[str] = (),
     """Write the distribution ``gradpipe-NAME`` into ``directory``, with a transform
     for each of ``components`` and an update rule for each of ``rules`` (default: one
     transform named ``NAME``); return its folder."""
-    short = _identifier(re.sub(r"^gradpipe[-_]", "", name), "plugin name")
-    transforms = [_identifier(c, "component name") for c in components]
-    rule_names = [_identifier(c, "rule name") for c in rules]
-    if not transforms and not rule_names:
-        transforms = [short]
+    short, transforms, rule_names = component_names(name, components, rules)
     names = transforms + rule_names
-    repeated = sorted({c for c in names if names.count(c) > 1})
-    if repeated:
-        raise GradpipeError(f"{repeated[0]} is given twice: give each component once "
-                            "(--component and --rule name one each)")
     dist = f"gradpipe-{short.replace('_', '-')}"
     module = f"gradpipe_{short}"
     root = directory / dist
@@ -78,6 +70,23 @@ def new_plugin(name: str, directory: Path, components: Sequence[str] = (),
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return root
+
+
+def component_names(name: str, components: Sequence[str] = (), rules: Sequence[str] = ()
+                    ) -> tuple[str, list[str], list[str]]:
+    """The plugin's short name, its transforms' and its update rules' names, as Python
+    names (``NAME`` alone: one transform named after the plugin)."""
+    short = _identifier(re.sub(r"^gradpipe[-_]", "", name), "plugin name")
+    transforms = [_identifier(c, "component name") for c in components]
+    rule_names = [_identifier(c, "rule name") for c in rules]
+    if not transforms and not rule_names:
+        transforms = [short]
+    names = transforms + rule_names
+    repeated = sorted({c for c in names if names.count(c) > 1})
+    if repeated:
+        raise GradpipeError(f"{repeated[0]} is given twice: give each component once "
+                            "(--component and --rule name one each)")
+    return short, transforms, rule_names
 
 
 def _identifier(text: str, what: str) -> str:

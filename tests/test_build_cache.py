@@ -62,7 +62,7 @@ def test_the_next_process_reads_the_answer_back_until_the_source_changes(fake_di
     env = {"GRADPIPE_CACHE_DIR": str(cache)}
 
     def plan_line() -> str:
-        result = fake_dists.run(PLAN_LINE, env=env)
+        result = fake_dists.run(PLAN_LINE, env=env, tensorflow=True)
         assert result.returncode == 0, result.stderr[-2000:]
         return result.stdout
 
@@ -155,7 +155,7 @@ def test_whether_xla_lowers_a_trace_is_read_back_for_that_very_trace(fake_dists,
 
     def plans(*sizes: int) -> list[str]:
         result = fake_dists.run(f"import sys; sys.argv[1:] = {list(map(str, sizes))}\n"
-                                + textwrap.dedent(LOWERED), env=env)
+                                + textwrap.dedent(LOWERED), env=env, tensorflow=True)
         assert result.returncode == 0, result.stderr[-2000:]
         return result.stdout.splitlines()
 

@@ -140,3 +140,10 @@ def test_next_step_is_a_command_that_works_and_clashes_are_named(tmp_path):
             "python -m pytest ./gradpipe-adam/tests") in made.stdout
     assert "transform 'adam' already exists" in made.stdout
     assert "'gradpipe-adam>adam'" in made.stdout
+    # components and rules by the names the package registers (lower case, "_")
+    made = subprocess.run([sys.executable, "-m", "gradpipe.cli", "new-plugin", "tools",
+                           "--component", "Clip-By-Value", "--rule", "SGD", "--rule", "mine"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    notes = [line for line in made.stdout.splitlines() if line.startswith("note:")]
+    assert [n.split("'")[1] for n in notes] == ["clip_by_value", "sgd"], made.stdout
