@@ -106,6 +106,11 @@ PROVED = st.one_of(
         st.sampled_from([1e-30, 1e-7, 1.0]), st.booleans(), st.booleans()),
     st.builds(lambda lr, mu: {"kind": "sm3", "learning_rate": lr, "momentum": mu},
               EXTREME_RATES, st.sampled_from([0.0, 0.9, 1.0])),
+    st.builds(lambda lr, start, l1, l2: {
+        "kind": "proximal_adagrad", "learning_rate": lr, "initial_accumulator_value": start,
+        "l1_regularization_strength": l1, "l2_regularization_strength": l2},
+        EXTREME_RATES, st.sampled_from([1e-30, 0.1, 1e30, 3e38]),
+        st.sampled_from([0.0, 0.01, 1e30]), st.sampled_from([0.0, 0.01, 1e30])),
     st.builds(lambda lr, b1, eps, wd: {"kind": "adamw", "learning_rate": lr, "beta_1": b1,
                                         "epsilon": eps, "weight_decay": wd},
               EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]),

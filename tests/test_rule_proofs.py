@@ -1,7 +1,8 @@
 """``adamax``, ``nadam``, the sign rules (``lion``, ``sign_sgd``, ``signum``),
 optax's ``adamaxw``, ``nadamw``, ``radam`` and ``rprop`` proved finite from their
 input's norm (and the weights' norm where a weight decays), optax's ``amsgrad``
-and ``sm3`` from their input's norm and their state's largest element; every
+and ``sm3`` and TF Addons' ``proximal_adagrad`` from their input's norm and their
+state's largest element; every
 proof's epsilon a normal float32.
 
 Adamax's step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|``
@@ -86,13 +87,19 @@ def _schedule(end: float) -> dict:
     ("sm3", {"learning_rate": "@lr", "momentum": "@lr"}, True),  # each step requires its own
     ("sm3", {"learning_rate": 1.6e38}, True),
     ("sm3", {"learning_rate": 1.8e38}, False),  # 3.6e38: the step may overflow
+    ("proximal_adagrad", {}, True),
+    ("proximal_adagrad", {"learning_rate": "@lr", "l1_regularization_strength": 0.1}, True),
+    ("proximal_adagrad", {"l2_regularization_strength": 1e30}, True),
+    # subnormal: a CPU flushes it to 0, whose rsqrt is infinite (0 * inf: NaN)
+    ("proximal_adagrad", {"initial_accumulator_value": 1e-40}, False),
 ])
 def test_outputs_are_proved_only_where_the_bound_holds(kind, options, proved):
     pipe = gradpipe.build({"schedules": _schedule(0.02),
                            "transforms": [{"kind": kind, **options}]})
     pipe.build([tf.Variable([1.0])])
-    assert ("weights' norm" in pipe.plan.checks[0]) == (
-        proved and kind in ("adamaxw", "nadamw") and options.get("weight_decay") != 0.0)
+    decays = kind in ("adamaxw", "nadamw") and options.get("weight_decay") != 0.0
+    regularises = kind == "proximal_adagrad" and any("strength" in k for k in options)
+    assert ("weights' norm" in pipe.plan.checks[0]) == (proved and (decays or regularises))
     assert (f"{kind} at transforms[0]: proved from its input's norm" in pipe.plan.checks[0]
             ) is proved, pipe.plan.checks[0]
 
@@ -221,6 +228,20 @@ def test_sm3_applies_exactly_the_steps_a_check_applies(path):
         return [ONES[0], np.array([first, second, 1.0, 1.0], "f4")]
 
     _assert_proof_applies_as_the_check("sm3", path, "cover/Variable_1", [
+        (None, ONES), (_one_large(3.39e38, (4,)), vector(1.0, 1e19)),
+        (_one_large(3e38, (4,)), vector(1.5e19)), (np.ones(4), ONES)])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_proximal_adagrad_applies_exactly_the_steps_a_check_applies(path):
+    """proximal_adagrad's proof reads its accumulator's largest element: one of 3.39e38
+    and a gradient of 1e19 elsewhere fail it (3.39e38 + 1e38), the step is checked and
+    applies (each element is finite); one of 3e38 under a gradient of 1.5e19 overflows,
+    and both skip it; with 1 again both apply."""
+    def vector(first: float, second: float = 1.0) -> list[np.ndarray]:
+        return [ONES[0], np.array([first, second, 1.0, 1.0], "f4")]
+
+    _assert_proof_applies_as_the_check("proximal_adagrad", path, "accumulator/Variable_1", [
         (None, ONES), (_one_large(3.39e38, (4,)), vector(1.0, 1e19)),
         (_one_large(3e38, (4,)), vector(1.5e19)), (np.ones(4), ONES)])
 

@@ -34,6 +34,8 @@ from .proofs import (
     clip_provable,
     float32,
     mean_square_proof,
+    proximal_adagrad_proof,
+    proximal_adagrad_provable,
     rmsprop_provable,
     sgd_proof,
     sgd_provable,
@@ -124,6 +126,11 @@ _PROOFS: dict[str, _Proof] = {
                   reads=(_LARGEST_STATE,)),
     "fromage": _Proof(fromage_provable, lambda c: CheckedWhereItFails(fromage_proof(c)),
                       reads=(_WEIGHTS,)),
+    # its accumulator's largest element, and its weights' norm where it regularises
+    "proximal_adagrad": _Proof(
+        proximal_adagrad_provable, lambda c: CheckedWhereItFails(proximal_adagrad_proof(c)),
+        reads=lambda c: (_LARGEST_STATE,) + ((_WEIGHTS,) if c.l1_regularization_strength > 0
+                                             or c.l2_regularization_strength > 0 else ())),
     "conditional_gradient": _Proof(
         conditional_gradient_provable,
         lambda c: CheckedWhereItFails(conditional_gradient_proof(c)), reads=(_WEIGHTS,)),

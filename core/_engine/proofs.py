@@ -39,6 +39,8 @@ every earlier transform's outputs are proved or checked in turn.
   With momentum, at a constant rate and momentum ``mu < 1``, rmsprop's ``|m|``
   stays below ``2 * lr / sqrt(1 - rho) / (1 - mu)``, as ``sgd``'s does.
   Centred, ``v - avg**2`` can round below zero: checked.
+* TF Addons' ``proximal_adagrad``, from the same read: its accumulator never falls
+  below its initial value (a normal float32), which bounds its rate.
 
 ``lamb``, ``adafactor`` and ``adamw``, whose steps scale with their weights'
 norm, are proved in :mod:`gradpipe._engine.weight_proofs`; ``adamax`` and
@@ -62,7 +64,7 @@ from typing import Any
 
 from ..fields import is_constant
 from ..transform import hyper
-from .bounds import largest_element, squared_bound
+from .bounds import largest_element, squared_bound, weight_norm_bound
 
 #: sqrt of the float32 maximum: an input with a finite sum of squares has no larger element.
 LARGEST_ELEMENT = 2.0**64
@@ -257,5 +259,52 @@ def mean_square_proof(config: Any, average: str, decay: float, scale: float) -> 
         step = 2 * tf.cast(lr(), tf.float64) * tf.maximum(tf.sqrt(squared),
                                                           1 / math.sqrt(scale))
         return [step < FLOAT32_BOUND, new_average < FLOAT32_BOUND]
+
+    return prove
+
+
+def _least_accumulator(config: Any) -> float:
+    """``proximal_adagrad``'s least accumulator element, as its maths leaves it (it
+    starts at ``initial_accumulator_value`` and only grows): the smaller of that
+    value and its float32 rounding, which the accumulator holds."""
+    start = config.initial_accumulator_value
+    return min(start, float32(start))
+
+
+def proximal_adagrad_provable(config: Any) -> bool:
+    """A normal float32 least accumulator: ``rsqrt`` of a subnormal one, flushed to 0
+    on a CPU, is infinite, and ``0 * inf`` is NaN."""
+    return _least_accumulator(config) >= LEAST_EPSILON
+
+
+def proximal_adagrad_proof(config: Any) -> Prove:
+    """``rate = lr * rsqrt(acc + g**2)`` stays within ``lr / sqrt(least)``, and ``g *
+    rate`` within ``lr`` (``acc + g**2`` is at least ``g**2``): without regularisation
+    the update ``g * rate`` stays within ``2 lr``. With it, the update ``w - new`` stays
+    within ``2 (||w|| + 2 lr)``: ``v = w - g * rate`` is within ``||w|| + 2 lr``, and
+    the prox step only shrinks it, by ``rate * l1`` and ``1 + rate * l2``, both finite
+    while ``rate * max(l1, l2)`` is. The new accumulator must not overflow either."""
+    import tensorflow as tf
+
+    lr = hyper(config.learning_rate)
+    l1, l2 = config.l1_regularization_strength, config.l2_regularization_strength
+    regularised, strength = l1 > 0 or l2 > 0, max(1.0, l1, l2)
+    rate = max(1.0, 1.0 / math.sqrt(_least_accumulator(config)))
+
+    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
+              ) -> list[Any] | None:
+        if sparse_or_narrow(inputs):
+            return None
+        found = new_mean_square(inputs, read_state().accumulator, 1.0, 1.0)
+        if found is None:
+            return []
+        _, new_accumulator = found
+        step = 2 * tf.abs(tf.cast(lr(), tf.float64))
+        required = [step * (rate * strength) < FLOAT32_BOUND, new_accumulator < FLOAT32_BOUND]
+        if regularised:
+            present = [v for g, v in zip(inputs, variables) if g is not None]
+            weights = tf.cast(weight_norm_bound(present), tf.float64)
+            required.append(2 * (weights + 2 * step) < FLOAT32_BOUND)
+        return required
 
     return prove
