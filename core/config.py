@@ -190,7 +190,7 @@ class _SpecBuilder:
                         self.out.add(f"{path}.{key}", f"{exc} (regular expressions "
                                      "matched against variable paths)")
         config = self.config(comp.config_cls, params, path, extra_keys=(
-            "kind", *(TRANSFORM_KEYS if kind == "transform" else ())))
+            "kind", *(TRANSFORM_KEYS if kind == "transform" else ())), name=comp.name)
         if config is None:
             return None
         return ComponentSpec(kind=kind, name=comp.name, config=config, path=path,
@@ -199,7 +199,8 @@ class _SpecBuilder:
                              capabilities=comp.capabilities)
 
     def config(self, cls: type, table: Mapping[str, Any], path: str,
-               extra_keys: Any = ()) -> Any:
+               extra_keys: Any = (), name: str = "") -> Any:
+        """``table`` as ``cls``; ``name``: the component's, for its own key hints."""
         fields = {f.name: f for f in attrs.fields(cls)}
         types = field_types(cls)
         values: dict[str, Any] = {}
@@ -208,7 +209,8 @@ class _SpecBuilder:
         for key, value in table.items():
             key_path = f"{path}.{key}"
             if key not in fields:
-                self.out.add(key_path, f"unknown key{did_you_mean(str(key), allowed)}; "
+                hint = did_you_mean(str(key), allowed, name)
+                self.out.add(key_path, f"unknown key{hint}; "
                              f"valid keys: {', '.join(allowed)}")
                 ok = False
                 continue

@@ -65,8 +65,8 @@ def find_component(registry: Any, name: str, kind: str | None = None) -> Any:
                             "and docs/user-guide.md says what each key does")
     owners = {n: k for k in KIND_HOOKS for n in registry.names(k)}
     hint = did_you_mean(bare, owners)
-    if hint:
-        close = hint.split("'")[1]
+    close = hint.split("'")[1] if hint.startswith(" (did you mean '") else ""
+    if close in owners:
         hint = f" (did you mean {close!r}, a {owners[close]}?)"
     raise GradpipeError(f"unknown component {name!r}{hint}; `gradpipe plugins --all` "
                         "lists every installed component")

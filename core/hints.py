@@ -33,6 +33,59 @@ _OPTAX_SCHEDULES = {
     "warmup_exponential_decay_schedule": ("warmup", "with an ExponentialDecay after it"),
 }
 
+# optax's keys that gradpipe's table (one holding the first name) names otherwise, or lacks
+_OPTAX_KEYS = {
+    "decay": (("rho", "did you mean 'rho'? optax's decay"),
+              ("average_decay", "did you mean 'average_decay'? optax's ema decay")),
+    "decay_rate": (("beta_2_decay", "optax's decay_rate is beta_2_decay = -decay_rate here, "
+                                    "Keras's sign"),),
+    "initial_scale": (("rho", "optax's initial_scale: not expressible, the average starts at "
+                              "0, as Keras's does"),),
+    "debias": (("average_decay", "optax's ema debiases; moving_average does not, as TF "
+                                 "Addons' MovingAverage"),),
+    "reset_state": (("sync_period", "optax's reset_state: not expressible, the rule's state "
+                                    "carries over each sync, as in TF Addons' Lookahead"),),
+    "nesterov": (("amsgrad", "optax's adam(nesterov=True) is kind = \"nadamw\" here, at "
+                             "weight_decay = 0 for adam; 'nadam' is Keras's Nadam, another "
+                             "rule"),),
+    "eps_root": (("epsilon", "optax's eps_root: this rule has none, it adds epsilon as "
+                             "Keras's does"),),
+    "mu_dtype": (("learning_rate", "optax's mu_dtype: not expressible, the state takes each "
+                                   "variable's dtype (float32 for float16 and bfloat16)"),),
+    "every_k_schedule": (("accumulation_steps", "did you mean 'accumulation_steps'? optax's "
+                                                "MultiSteps every_k_schedule, a number here"),),
+    "apply_if_finite": (("check_updates", "did you mean 'check_updates'? true by default: "
+                                          "a non-finite step changes nothing"),),
+    "max_consecutive_errors": (("check_updates", "optax's apply_if_finite limit: "
+                                                 "check_updates skips every non-finite step, "
+                                                 "with no limit"),),
+}
+# optax's transformations that are no kind here: what does their work (in a list of kinds)
+_OPTAX_KINDS = {
+    "chain": "the [[transforms]] tables, in order, are the chain",
+    "MultiSteps": "[pipeline] accumulation_steps = k",
+    "apply_if_finite": "[pipeline] check_updates = true, the default: a non-finite step "
+                       "changes nothing",
+    "multi_transform": "one update rule per variable group, each with variables = "
+                       "[\"regex\", ...]",
+    "partition": "one update rule per variable group, each with variables = [\"regex\", ...]",
+    "masked": "a table's variables or exclude = [\"regex\", ...]",
+    "inject_hyperparams": "every float key takes a schedule (\"@name\"), and "
+                          "pipe.learning_rate = x sets the rate while training",
+    "ema": "kind = \"moving_average\" averages the weights; an average of the updates has "
+           "no transform",
+    "clip": "kind = \"clip_by_value\", with clip_value_min and clip_value_max",
+    "add_decayed_weights": "kind = \"weight_decay\" after the rule, or \"l2\" before it",
+}
+# optax's scale_by_X whose rule here is not named X
+_SCALE_BY = {"belief": "adabelief", "rss": "adagrad", "rms": "rmsprop", "stddev": "rmsprop",
+             "trust_ratio": "lamb"}
+
+# what a component's key hint adds for that component
+_OF_A_KIND = {("weight_decay", "lamb"): "Keras's Lamb decays so; optax's and TF Addons' LAMB "
+                                         "decay inside the trust ratio, which is not "
+                                         "expressible"}
+
 # OpenSeq2Seq's keys that gradpipe names otherwise (and larc_params' larc_ prefix)
 _OPENSEQ2SEQ_NAMES = {"iter_size": "accumulation_steps"}
 # TF Addons' RectifiedAdam's warm-up and decay arguments: a learning_rate schedule here
@@ -56,12 +109,15 @@ _OTHER_CLASSES = {
 }
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """A ``" (did you mean 'x'?)"`` suffix, or ``""`` when nothing is close."""
+def did_you_mean(word: str, choices: Iterable[str], kind: str = "") -> str:
+    """A ``" (did you mean 'x'?)"`` suffix, or ``""`` when nothing is close; ``kind``:
+    the component whose keys ``choices`` are, where it has a hint of its own."""
     import difflib
 
     names = sorted(set(choices))
     elsewhere = _named_elsewhere(word, names)
+    if elsewhere and (word, kind) in _OF_A_KIND:
+        elsewhere = f"{elsewhere[:-1]}; {_OF_A_KIND[word, kind]})"
     if elsewhere is not None:
         return elsewhere
     # 'cosinedecay': 'CosineDecay'; 'ProximalAdagrad': 'proximal_adagrad'
@@ -79,12 +135,24 @@ def _named_elsewhere(word: str, names: list[str]) -> str | None:
     """The hint for a name another library uses (Keras, optax, TF Addons,
     OpenSeq2Seq), where difflib would find nothing or the wrong thing."""
     if _OTHER_NAMES.get(word) in names:  # 'b1' is nothing like 'beta_1' to difflib
-        return f" (did you mean {_OTHER_NAMES[word]!r}? gradpipe keeps Keras's names)"
+        why = "optax's key" if word == "key" else "gradpipe keeps Keras's names"
+        return f" (did you mean {_OTHER_NAMES[word]!r}? {why})"
+    found = next((hint for key, hint in _OPTAX_KEYS.get(word, ()) if key in names), None)
+    if found:
+        return f" ({found})"
+    if "adam" in names:  # a kind of transform
+        if word in _OPTAX_KINDS:
+            return f" (optax's {word}: {_OPTAX_KINDS[word]}; see docs/coming-from-optax.md)"
+        rule = word.removeprefix("scale_by_")
+        rule = _SCALE_BY.get(rule, rule)
+        if word.startswith("scale_by_") and rule in names:
+            return (f" (did you mean {rule!r}? a rule here scales by its own learning_rate: "
+                    f"optax's {word}, then scale_by_learning_rate)")
     if word in _OPTAX_NAMES:
         ours = next((n for n in _OPTAX_NAMES[word] if n in names), None)
         if ours:
             return f" (did you mean {ours!r}? optax's {word})"
-    if word == "mask":
+    if word in ("mask", "weight_decay_mask"):
         return _optax_mask(names) or None
     if word in _OPTAX_SCHEDULES and _OPTAX_SCHEDULES[word][0] in names:
         kind, differs = _OPTAX_SCHEDULES[word]

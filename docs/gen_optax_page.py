@@ -213,7 +213,14 @@ lookahead(opt, sync_period, slow_step_size) | lookahead sync_period=6 slow_step_
   the rule (TF Addons'; not run against optax): the model holds `params.fast`; no `reset_state`
 ema(decay) on the parameters | moving_average average_decay=0.999 | after the rule: an average of
   the weights, started from them, not debiased; `ema` in a chain (of updates) has no transform
-scale_by_schedule(fn), inject_hyperparams(...) | - | every float key takes a schedule (below)
+scale_by_schedule(fn), inject_hyperparams(...) | - | every float key takes a schedule (below);
+  while training, `pipe.learning_rate = x` sets the rate of a pipeline whose rules share one
+  ([Setting the learning rate](user-guide.md#setting-the-learning-rate)); no other key is set
+  while training
+contrib.schedule_free_adamw(learning_rate, warmup_steps, b1, ...) | schedule_free_adamw
+  learning_rate=0.0025 | Keras 3's `ScheduleFreeAdamW` (not run against optax); `with
+  averaged_weights(pipe):` evaluates at the averaged point, as optax's
+  `schedule_free_eval_params` (see [Update rules](transforms.md))
 """
 def _text(value: Any) -> str:
     return "required" if value is REQUIRED else (

@@ -225,6 +225,41 @@ class TestErrors:
             gradpipe.parse({"transforms": [{"kind": "sgd", "learning_rate": schedule}]})
         assert hint in problems(info.value)[f"transforms[0].learning_rate.{key}"][1]
 
+    @pytest.mark.parametrize("table, key, hint", [
+        ({"kind": "MultiSteps"}, "kind", "optax's MultiSteps: [pipeline] accumulation_steps"),
+        ({"kind": "chain"}, "kind", "the [[transforms]] tables, in order, are the chain"),
+        ({"kind": "inject_hyperparams"}, "kind", "pipe.learning_rate = x sets the rate"),
+        ({"kind": "clip"}, "kind", 'optax\'s clip: kind = "clip_by_value"'),
+        ({"kind": "scale_by_adam"}, "kind", "did you mean 'adam'? a rule here scales by its "
+                                            "own learning_rate"),
+        ({"kind": "scale_by_belief"}, "kind", "did you mean 'adabelief'?"),
+        ({"kind": "adam", "nesterov": True}, "nesterov", 'is kind = "nadamw" here'),
+        ({"kind": "adamw", "weight_decay_mask": ["kernel"]}, "weight_decay_mask",
+         "exclude_from_weight_decay lists, as regular expressions, those NOT to decay"),
+        ({"kind": "adamw", "mu_dtype": "float32"}, "mu_dtype", "optax's mu_dtype: not "
+                                                              "expressible"),
+        ({"kind": "adam", "eps_root": 0.0}, "eps_root", "this rule has none"),
+        ({"kind": "adafactor", "decay_rate": 0.8}, "decay_rate", "beta_2_decay = -decay_rate"),
+        ({"kind": "rmsprop", "decay": 0.9}, "decay", "did you mean 'rho'? optax's decay"),
+        ({"kind": "moving_average", "debias": True}, "debias", "moving_average does not"),
+        ({"kind": "noisy_sgd", "key": 1}, "key", "did you mean 'seed'? optax's key"),
+        ({"kind": "lamb", "weight_decay": 0.1}, "weight_decay",
+         "optax's and TF Addons' LAMB decay inside the trust ratio"),
+    ])
+    def test_optax_names_point_to_what_does_their_work(self, table, key, hint):
+        rules = [{"kind": "sgd"}] if table["kind"] == "moving_average" else []
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse({"transforms": [*rules, table]})
+        assert hint in problems(info.value)[f"transforms[{len(rules)}].{key}"][1]
+
+    def test_optax_pipeline_options_point_to_gradpipe_s(self):
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse({"pipeline": {"every_k_schedule": 4, "max_consecutive_errors": 5},
+                            "transforms": [{"kind": "sgd"}]})
+        found = problems(info.value)
+        assert "did you mean 'accumulation_steps'?" in found["pipeline.every_k_schedule"][1]
+        assert "skips every non-finite step" in found["pipeline.max_consecutive_errors"][1]
+
     def test_enum_suggestion(self):
         with pytest.raises(ConfigError, match="did you mean 'mean'"):
             gradpipe.parse({"placement": {"kind": "default", "reduction": "maen"},

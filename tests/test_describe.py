@@ -136,6 +136,9 @@ def test_unknown_name_suggests_a_near_one_without_a_traceback():
     assert "unknown component 'adamm'" in result.stderr
     assert "did you mean 'adam', a transform?" in result.stderr
     assert "Traceback" not in result.stderr
+    optax = gradpipe_cli("describe", "warmup_cosine_decay_schedule")  # a hint, no close name
+    assert optax.returncode == 1 and "Traceback" not in optax.stderr
+    assert "optax's warmup_cosine_decay_schedule is kind = \"cosine\"" in optax.stderr
     section = gradpipe_cli("describe", "pipeline")  # a table of the file, not a component
     assert section.returncode == 1
     assert "[pipeline] is a table of the pipeline file, not a component: `gradpipe check " \

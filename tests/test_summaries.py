@@ -72,6 +72,11 @@ def test_rules_per_variable_group_report_each_rate(tmp_path):
     rates = {path: float(rate) for path, rate in pipe.learning_rates.items()}
     assert rates == pytest.approx({"transforms[0]": 0.5, "transforms[1]": 0.05})  # next
     assert float(pipe.learning_rate) == 0.5  # the first rule's, as documented
+    # setting an item would change no rule: an error that says why the rate is not settable
+    with pytest.raises(gradpipe.GradpipeError, match=r"setting 'transforms\[0\]' would "
+                       r"change none of them; this pipeline's rate cannot be set: "
+                       r"transforms\[1\]\.learning_rate follows a schedule"):
+        pipe.learning_rates["transforms[0]"] = 0.1
     found = events(tmp_path)
     assert "learning_rate" not in found
     assert [v for _, v in found["learning_rate/transforms[0]"]] == [0.5, 0.5]

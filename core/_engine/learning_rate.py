@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -134,3 +135,34 @@ class LearningRate:
                     f"gradpipe proves {t.name}'s updates finite, which this pipeline's step "
                     "was built on; build a pipeline with that rate in its file instead")
         self.variable.assign(number)
+
+    def current(self, readers: dict[str, Any]) -> Mapping[str, Any]:
+        """Each rule's rate now, by path, read-only: setting an item would change no
+        rule, so it is an error that says how to set the rate."""
+        return CurrentRates({path: rate() for path, rate in readers.items()},
+                            self.reason if self.variable is None else "")
+
+
+class CurrentRates(Mapping[str, Any]):
+    """``pipe.learning_rates``: read off the update rules; setting an item is an error."""
+
+    def __init__(self, rates: dict[str, Any], why_not: str) -> None:
+        self._rates, self._why_not = rates, why_not
+
+    def __getitem__(self, path: str) -> Any:
+        return self._rates[path]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rates)
+
+    def __len__(self) -> int:
+        return len(self._rates)
+
+    def __repr__(self) -> str:
+        return repr(self._rates)
+
+    def __setitem__(self, path: str, value: Any) -> None:
+        how = (f"this pipeline's rate cannot be set: {self._why_not}" if self._why_not
+               else "set it with pipe.learning_rate = x")
+        raise GradpipeError(f"pipe.learning_rates is read off the update rules, and setting "
+                            f"{path!r} would change none of them; {how}")

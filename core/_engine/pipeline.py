@@ -144,9 +144,9 @@ class Pipeline(tf.Module):
         self._rate.set(value)
 
     @property
-    def learning_rates(self) -> dict[str, tf.Tensor]:
+    def learning_rates(self) -> Mapping[str, tf.Tensor]:
         """Each update rule's current learning rate, by its path (``"transforms[1]"``)."""
-        return {path: rate() for path, rate in self._rule_rates.items()}
+        return self._rate.current(self._rule_rates)
 
     def minimize(self, loss_fn: Any, var_list: Sequence[Any], max_steps: int,
                  trace_fn: Any = None, *, return_full_length_trace: bool = True,
