@@ -106,6 +106,11 @@ PROVED = st.one_of(
         st.sampled_from([1e-30, 1e-7, 1.0]), st.booleans(), st.booleans()),
     st.builds(lambda lr, mu: {"kind": "sm3", "learning_rate": lr, "momentum": mu},
               EXTREME_RATES, st.sampled_from([0.0, 0.9, 1.0])),
+    st.builds(lambda lr, b1, b2, eps, start: {
+        "kind": "yogi", "learning_rate": lr, "beta_1": b1, "beta_2": b2, "epsilon": eps,
+        "initial_accumulator_value": start},
+        EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]), st.sampled_from([0.0, 0.999]),
+        st.sampled_from([1e-30, 1e-3, 1.0]), st.sampled_from([0.0, 1e-6, 1e19])),
     st.builds(lambda lr, start, l1, l2: {
         "kind": "proximal_adagrad", "learning_rate": lr, "initial_accumulator_value": start,
         "l1_regularization_strength": l1, "l2_regularization_strength": l2},

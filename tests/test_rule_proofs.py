@@ -2,7 +2,7 @@
 optax's ``adamaxw``, ``nadamw``, ``radam`` and ``rprop`` proved finite from their
 input's norm (and the weights' norm where a weight decays), optax's ``amsgrad``
 and ``sm3`` and TF Addons' ``proximal_adagrad`` from their input's norm and their
-state's largest element; every
+state's largest element, optax's ``yogi`` from its input's norm alone; every
 proof's epsilon a normal float32.
 
 Adamax's step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|``
@@ -87,6 +87,13 @@ def _schedule(end: float) -> dict:
     ("sm3", {"learning_rate": "@lr", "momentum": "@lr"}, True),  # each step requires its own
     ("sm3", {"learning_rate": 1.6e38}, True),
     ("sm3", {"learning_rate": 1.8e38}, False),  # 3.6e38: the step may overflow
+    ("yogi", {}, True),  # K = 4 / 0.1 * 2**64 / 1e-3 = 7.4e23
+    ("yogi", {"learning_rate": "@lr"}, True),
+    ("yogi", {"learning_rate": 4e14}, True),  # 3.0e38
+    ("yogi", {"learning_rate": 5e14}, False),  # 3.7e38: the step may overflow
+    ("yogi", {"beta_2": "@lr"}, False),  # a scheduled beta: bounded instead
+    ("yogi", {"epsilon": 0.0}, False),  # 0 / 0 where both moments are 0
+    ("yogi", {"initial_accumulator_value": 1e20}, False),  # a first moment past 2**64
     ("proximal_adagrad", {}, True),
     ("proximal_adagrad", {"learning_rate": "@lr", "l1_regularization_strength": 0.1}, True),
     ("proximal_adagrad", {"l2_regularization_strength": 1e30}, True),
@@ -127,7 +134,8 @@ RISING = {"lr": {"kind": "piecewise_constant", "learning_rate": 0.01, "boundarie
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e39
 # nadamw (its proof is adamaxw's) and sign_sgd (signum's, without state) are held to
 # the check by the decay test below and the property test of test_reliability
-@pytest.mark.parametrize("kind", ["adamax", "nadam", "lion", "adamaxw", "radam", "signum"])
+@pytest.mark.parametrize("kind", ["adamax", "nadam", "lion", "adamaxw", "radam", "signum",
+                                  "yogi"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("schedules, applied", [
     (RISING, [True] * 5),
@@ -230,6 +238,27 @@ def test_sm3_applies_exactly_the_steps_a_check_applies(path):
     _assert_proof_applies_as_the_check("sm3", path, "cover/Variable_1", [
         (None, ONES), (_one_large(3.39e38, (4,)), vector(1.0, 1e19)),
         (_one_large(3e38, (4,)), vector(1.5e19)), (np.ones(4), ONES)])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_yogi_applies_exactly_the_steps_a_check_applies_reading_nothing_of_its_state(path):
+    """yogi's proof reads no state: a second moment of 3.4e38 under a gradient of 1e19
+    elsewhere shrinks there (the proof holds, both apply); under 1.8446e19, whose
+    square (3.4025e38) is above it, it grows past float32: the proof fails, and the
+    check skips it as well; with 1 again both apply."""
+    def vector(first: float, second: float = 1.0) -> list[np.ndarray]:
+        return [ONES[0], np.array([first, second, 1.0, 1.0], "f4")]
+
+    (by_proof, weights, plan), (by_check, reference, _) = (
+        _steps_from_state(k, path, "nu/Variable_1", [
+            (None, ONES), (_one_large(3.4e38, (4,)), vector(1.0, 1e19)),
+            (_one_large(3.4e38, (4,)), vector(1.8446e19)), (np.ones(4), ONES)])
+        for k in ("yogi", checked_copy("yogi")))
+    assert f"yogi at transforms[{len(PATHS[path])}]: proved from its input's norm " \
+           "(gradpipe knows its maths)" in plan.checks[-1]
+    assert by_proof == by_check == [True, True, False, True]
+    for a, b in zip(weights, reference):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("path", PATHS)

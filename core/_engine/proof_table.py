@@ -52,6 +52,8 @@ from .rate_proofs import (
     sign_provable,
     sm3_proof,
     sm3_provable,
+    yogi_proof,
+    yogi_provable,
 )
 from .weight_proofs import (
     adafactor_proof,
@@ -121,6 +123,8 @@ _PROOFS: dict[str, _Proof] = {
     # a multiple of its rate, and its second moment's largest element
     "amsgrad": _Proof(amsgrad_provable, lambda c: CheckedWhereItFails(amsgrad_proof(c)),
                       reads=(_LARGEST_STATE,)),
+    # amsgrad's bound, from its input alone: its new second moment is at most (2 - b2) g**2
+    "yogi": _Proof(yogi_provable, lambda c: CheckedWhereItFails(yogi_proof(c))),
     # a multiple of its rate, and its cover's largest element
     "sm3": _Proof(sm3_provable, lambda c: CheckedWhereItFails(sm3_proof(c)),
                   reads=(_LARGEST_STATE,)),

@@ -1,6 +1,6 @@
 """Proofs of the rules whose step stays within a multiple of their rate: ``adamax``,
 ``nadam``, the sign rules ``lion``, ``sign_sgd`` and ``signum``, ``rprop``, and
-optax's ``amsgrad`` and ``sm3``.
+optax's ``amsgrad``, ``yogi`` and ``sm3``.
 
 As :mod:`gradpipe._engine.proofs`' own, each holds for gradpipe's maths only and
 assumes its inputs finite (a finite sum of squares bounds every element by
@@ -42,6 +42,11 @@ rate, at each step for a scheduled one (where it fails, the step is checked):
   largest element (one pass, as ``rmsprop``'s proof) and requires ``(beta_2
   max(nu) + (1 - beta_2) sum(g**2)) * 2 / (1 - beta_2)`` below the maximum. The
   running maximum of finite values stays finite.
+* optax's ``yogi``, on amsgrad's conditions, its moments starting within ``2**64``:
+  its step has amsgrad's bound (its second moment stays at least 0, as its maths
+  leaves it: where ``v > g**2`` it loses ``(1 - beta_2) g**2 < v``), and it reads
+  nothing of its state: where ``v > g**2`` the new ``v`` is smaller, elsewhere at most
+  ``(2 - beta_2) g**2``, which each step requires below the maximum.
 * optax's ``sm3``: each element's accumulator is ``g**2`` plus the least of its
   axes' entries (not negative as its maths leaves them), so ``g`` times its
   inverse root stays within 1 (a ``g**2`` that underflows: ``|g| * 1e4``, far
@@ -167,11 +172,17 @@ def _amsgrad_k(config: Any) -> float:
     return 2.0 * LARGEST_ELEMENT / config.epsilon
 
 
-def amsgrad_provable(config: Any) -> bool:
+def _betas_and_epsilon(config: Any) -> bool:
+    """Constant betas whose ``1 - beta`` is at least ``2**-22`` in float32, and a normal
+    float32 ``epsilon``: the denominator of an Adam-like step stays at least epsilon and
+    its ``1 - beta_1**t`` at least half of ``1 - beta_1``."""
     return (all(is_constant(b) and float32(1.0 - float32(b)) >= AMSGRAD_LEAST_ONE_MINUS_BETA
                 for b in (config.beta_1, config.beta_2))
-            and float32(config.epsilon) >= LEAST_EPSILON
-            and _rate_provable(config, _amsgrad_k(config)))
+            and float32(config.epsilon) >= LEAST_EPSILON)
+
+
+def amsgrad_provable(config: Any) -> bool:
+    return _betas_and_epsilon(config) and _rate_provable(config, _amsgrad_k(config))
 
 
 def _with_sum_of_squares(rate: Prove, field: str, decay: float, scale: float,
@@ -196,6 +207,31 @@ def amsgrad_proof(config: Any) -> Prove:
     growth = 2.0 / scale if config.bias_correction_nu else 1.0
     return _with_sum_of_squares(_rate_proof(config, _amsgrad_k(config)), "nu", decay, scale,
                                 growth)
+
+
+def yogi_provable(config: Any) -> bool:
+    """amsgrad's conditions, and moments that start within ``2**64``."""
+    return (_betas_and_epsilon(config) and config.initial_accumulator_value <= LARGEST_ELEMENT
+            and _rate_provable(config, per_rate(config, 4.0)))
+
+
+def yogi_proof(config: Any) -> Prove:
+    """amsgrad's bound of the step, reading nothing of the state: where ``v > g**2`` its
+    new second moment shrinks, else it is at most ``(2 - beta_2) g**2``."""
+    import tensorflow as tf
+
+    rate = _rate_proof(config, per_rate(config, 4.0))
+    growth = 2.0 - float32(config.beta_2)
+
+    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
+              ) -> list[Any] | None:
+        required = rate(inputs, read_state, variables)
+        if required is None:
+            return None
+        squared = tf.cast(squared_bound(inputs), tf.float64)
+        return [*required, squared * growth < FLOAT32_BOUND]
+
+    return prove
 
 
 #: sm3's step is its rate times a momentum of values within 1 (2: float rounding)
