@@ -49,7 +49,9 @@ def adamaxw(cfg: AdamaxWConfig) -> Transform:
                 tf.maximum(tf.abs(g) + cfg.epsilon, tf.cast(beta_2(), u.dtype) * u))
 
     def direction(g: Any, slots: Any, count: Any) -> Any:
-        return debiased(slots[0], correction(beta_1, count)) / slots[1]
+        # m / u first: it stays within (1 - beta_1) / (1 - beta_1 / beta_2) whatever the
+        # gradients were, where optax's m / (1 - beta_1**t) first could overflow
+        return debiased(slots[0] / slots[1], correction(beta_1, count))
 
     return moments_rule(cfg, MomentsState, (0.0, 0.0), advance, direction)
 

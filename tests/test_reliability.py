@@ -54,7 +54,7 @@ class TestLimits:
 
 # Extreme but valid hyperparameters and gradients up to the largest finite-sum element.
 EXTREME_RATES = st.sampled_from([1e-3, 1.0, 1e6, 1e10, 1e13, 1e20, 1e30])
-EXTREME_ELEMENTS = st.sampled_from([0.0, 1e-30, 1.0, -3.0, 1e10, 1e19, -1e19])
+EXTREME_ELEMENTS = st.sampled_from([0.0, 1e-30, 1.0, -3.0, 1e10, 1e19, -1e19, 1e33])
 PROVED = st.one_of(
     st.builds(lambda lr, b1, b2, eps: {"kind": "adam", "learning_rate": lr, "beta_1": b1,
                                         "beta_2": b2, "epsilon": eps},

@@ -36,8 +36,10 @@ def _schedule(end: float) -> dict:
 @pytest.mark.parametrize("kind, options, proved", [
     ("adamax", {}, True),
     ("adamax", {"learning_rate": "@lr"}, True),  # each step requires its own
-    ("adamax", {"learning_rate": 1e10}, True),  # 2 * 1e10 / 0.1 * 2**64 / 1e-7 = 3.7e37
-    ("adamax", {"learning_rate": 1e12}, False),  # 3.7e39: the step may overflow
+    ("adamax", {"learning_rate": 1.0}, True),
+    ("adamax", {"learning_rate": 1.5}, False),  # lr * m, computed first, may overflow
+    ("adamax", {"beta_2": 0.5}, False),  # u forgets a gradient before m does
+    ("adamax", {"beta_2": "@lr"}, False),
     ("adamax", {"beta_1": "@lr"}, False),  # a scheduled beta_1: checked
     ("adamax", {"epsilon": 0.0}, False),  # 0 / 0 where m and u are 0
     ("adamax", {"epsilon": 1e-40}, False),  # (1 - beta_1) epsilon: not a normal float32
@@ -51,11 +53,13 @@ def _schedule(end: float) -> dict:
     ("lion", {}, True),
     ("lion", {"learning_rate": "@lr", "beta_1": "@lr"}, True),  # each step requires its own
     ("lion", {"learning_rate": 1e39}, False),  # inf in float32: inf * sign 0 is NaN
-    # optax's order, lr * (direction + weight_decay * w): K = 2 / 0.1 * 2**64 / 1e-8
+    # optax's order, lr * (direction + weight_decay * w): K = 4 / (1 - 0.9 / 0.999) = 40.4
     ("adamaxw", {"weight_decay": 0.0}, True),
-    ("adamaxw", {"learning_rate": 9e9, "weight_decay": 0.0}, True),  # 3.3e38
-    ("adamaxw", {"learning_rate": 1e10, "weight_decay": 0.0}, False),  # 3.7e38
-    ("adamaxw", {"epsilon": 1e-20}, False),  # 3.7e40 before the rate of 0.001
+    ("adamaxw", {"learning_rate": 8e36, "weight_decay": 0.0}, True),  # 3.2e38
+    ("adamaxw", {"learning_rate": 9e36, "weight_decay": 0.0}, False),  # 3.6e38
+    ("adamaxw", {"epsilon": 1e-20}, True),  # m / u does not grow with 1 / epsilon
+    ("adamaxw", {"epsilon": 1e-40}, False),  # not a normal float32: u may be 0
+    ("adamaxw", {"beta_2": 0.8}, False),  # u forgets a gradient before m does
     ("adamaxw", {"beta_1": "@lr"}, False),
     ("nadamw", {"weight_decay": 0.0, "learning_rate": "@lr"}, True),
     ("nadamw", {"nesterov": False}, True),  # optax's adamw: m_hat within the same bound
@@ -238,6 +242,36 @@ def test_sm3_applies_exactly_the_steps_a_check_applies(path):
     _assert_proof_applies_as_the_check("sm3", path, "cover/Variable_1", [
         (None, ONES), (_one_large(3.39e38, (4,)), vector(1.0, 1e19)),
         (_one_large(3e38, (4,)), vector(1.5e19)), (np.ones(4), ONES)])
+
+
+@pytest.mark.parametrize("kind", ["adamax", "adamaxw"])
+@pytest.mark.parametrize("path", PATHS)
+def test_infinity_norm_rules_stay_proved_after_a_checked_gradient_past_2_64(kind, path):
+    """A gradient of 1e33 fails the proof (its sum of squares overflows); the check
+    applies it (neither rule squares it), leaving m near 1e32, past the 2**64 the
+    other proofs take a first moment within. The steps after it are proved from
+    u, which forgets that gradient more slowly than m does (beta_1 < beta_2), and
+    apply exactly as the check applies them. With beta_2 = 0, u forgets it at once
+    while m holds it: the next update is infinite. The proof took m within 2**64
+    and wrote it; such a config is now checked, and skips it."""
+    huge = [np.full((6, 4), 1e33, "f4"), np.full(4, 1e33, "f4")]
+    (by_proof, weights, plan), (by_check, reference, _) = (
+        _run({"kind": k, "learning_rate": 1.0}, path, [ONES, huge, ONES, ONES], {})
+        for k in (kind, checked_copy(kind)))
+    assert f"{kind} at transforms[{len(PATHS[path])}]: proved" in plan.checks[-1]
+    assert by_proof == by_check == [True, True, True, True]
+    for a, b in zip(weights, reference):
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, b)
+    if path == "whole":
+        return  # its clip's norm of 1e33s overflows: the clip makes them 0
+    forgetful = {"learning_rate": 9e5, "beta_1": 0.999, "beta_2": 0.0,
+                 **({"weight_decay": 0.0} if kind == "adamaxw" else {})}
+    (applied, _, plan), (expected, _, _) = (
+        _run({"kind": k, **forgetful}, path, [huge, ONES], {})
+        for k in (kind, checked_copy(kind)))
+    assert applied == expected == [True, False]
+    assert "proved" not in plan.checks[-1]
 
 
 @pytest.mark.parametrize("path", PATHS)

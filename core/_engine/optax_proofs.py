@@ -11,11 +11,14 @@ each holds for gradpipe's maths only and assumes its inputs finite, every
 element below ``2**64``; the first moment, a weighted mean of them, stays
 within that too. The weights' norm is read only where a weight decays.
 
-* ``adamaxw`` with a constant ``beta_1`` below 1 in float32 and ``epsilon`` a
-  normal float32: its infinity norm ``u = max(|g| + epsilon, beta_2 u)`` is at
-  least ``epsilon`` and finite (``beta_2`` in [0, 1]), and ``m_hat = m / (1 -
-  beta_1**t)`` within ``2 * 2**64 / (1 - beta_1)`` (the 2: rounding), so ``K =
-  2 / (1 - beta_1) * 2**64 / epsilon``.
+* ``adamaxw`` on ``adamax``'s conditions (``rate_proofs.forgets_slower``: constant
+  betas, ``beta_1 < beta_2``) and ``epsilon`` a normal float32: its infinity norm
+  ``u = max(|g| + epsilon, beta_2 u)`` is at least ``epsilon`` and forgets a
+  gradient more slowly than ``m``, so ``m / u`` stays within ``(1 - beta_1) / (1 -
+  beta_1 / beta_2)`` whatever gradients came before (a checked step may leave ``m``
+  past ``2**64``: adamaxw does not square the gradient), and its direction,
+  ``m / u`` divided by ``1 - beta_1**t`` in that order, within ``K = 4 / (1 -
+  beta_1 / beta_2)``.
 * ``nadamw`` with constant betas below 1 in float32 and ``epsilon`` a normal
   float32: Nesterov's ``m_hat = beta_1 m / (1 - beta_1**(t+1)) + (1 - beta_1) g
   / (1 - beta_1**t)`` stays within ``2**64 / (1 - beta_1)`` (without Nesterov,
@@ -41,7 +44,7 @@ from ..fields import is_constant
 from ..transform import hyper
 from .bounds import squared_bound, weight_norm_bound
 from .proofs import FLOAT32_BOUND, LEAST_EPSILON, Prove, float32, sparse_or_narrow
-from .rate_proofs import below_one, in_unit_interval, per_rate
+from .rate_proofs import below_one, forgets_slower, in_unit_interval, infinity_norm_k, per_rate
 
 #: the least ``rho_inf`` of radam's proof: below, ``r``'s denominator ``(rho_inf -
 #: 4)(rho_inf - 2)`` is near 0 and the rounding of ``rho - 4`` can make ``r`` large
@@ -49,7 +52,7 @@ RADAM_LEAST_RHO_INF = 5.0
 
 
 def _adamaxw_direction(config: Any) -> float:
-    return per_rate(config, 2.0)
+    return infinity_norm_k(config)
 
 
 def _nadamw_direction(config: Any) -> float:
@@ -105,13 +108,13 @@ def _proof(config: Any, direction: float, scheduled: tuple[str, ...] = ()) -> Pr
 
 
 def adamaxw_provable(config: Any) -> bool:
-    # epsilon + 2**64, the least u, stays finite
-    return (config.epsilon < FLOAT32_BOUND / 2
+    # |g| + epsilon, the least u, stays finite
+    return (forgets_slower(config) and config.epsilon < FLOAT32_BOUND / 2
             and _provable(config, _adamaxw_direction))
 
 
 def adamaxw_proof(config: Any) -> Prove:
-    return _proof(config, _adamaxw_direction(config), scheduled=("beta_2",))
+    return _proof(config, _adamaxw_direction(config))
 
 
 def nadamw_provable(config: Any) -> bool:

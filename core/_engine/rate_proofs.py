@@ -8,11 +8,16 @@ assumes its inputs finite (a finite sum of squares bounds every element by
 Each requires ``|lr| * K`` below the float32 maximum, once at build for a constant
 rate, at each step for a scheduled one (where it fails, the step is checked):
 
-* ``adamax`` with a constant ``beta_1`` and ``(1 - beta_1) epsilon`` a normal
-  float32: its step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has a
-  denominator of at least ``(1 - beta_1) epsilon`` (``u >= 0``, and ``beta_1**t
-  <= beta_1``), so ``K = 2 / (1 - beta_1) * 2**64 / epsilon`` (the 2: rounding);
-  its ``u = max(beta_2 u, |g|)`` stays finite for ``beta_2`` in [0, 1].
+* ``adamax`` with constant betas, ``beta_1 < beta_2``, ``(1 - beta_1) epsilon`` a
+  normal float32 and a rate within 1: its step ``lr * m / ((1 - beta_1**t) (u +
+  epsilon))`` has ``|m| <= u (1 - beta_1) / (1 - beta_1 / beta_2)`` (``u = max(beta_2
+  u, |g|)`` forgets a gradient more slowly than ``m``), so ``K = 4 / (1 - beta_1 /
+  beta_2)``, whatever gradients came before: a step the check applied with a
+  gradient past ``2**64`` leaves ``m`` past it too (adamax does not square the
+  gradient), so its proof does not take ``m`` within ``2**64``. Where ``beta_2 <=
+  beta_1``, ``u`` can forget such a gradient while ``m`` holds it, and the step
+  overflow later: checked. Its ``lr * m``, computed first, stays within ``|m|`` at a
+  rate within 1.
 * ``nadam`` with constant betas below 1 in float32 and ``epsilon`` a normal
   float32: Dozat's ``u_t = beta_1 (1 - 0.5 * 0.96**t)`` and their running product
   (after the first step) are at most ``beta_1``, so ``m_hat = u_{t+1} m / (1 -
@@ -78,6 +83,11 @@ from .proofs import (
 ADAMAX_LEAST_DENOMINATOR = 2.0**-125
 
 
+#: the least ``1 - beta`` (float32) of a proof that divides by ``1 - beta**t``: that then
+#: stays above half of it, two float32 ulps of ``pow`` below it at most
+LEAST_ONE_MINUS_BETA = 2.0**-22
+
+
 def below_one(beta: Any) -> bool:
     """A constant beta whose ``1 - beta`` float32 does not round to 0."""
     return is_constant(beta) and float32(1.0 - float32(beta)) > 0
@@ -116,13 +126,33 @@ def _rate_proof(config: Any, k: float,
     return prove
 
 
+def forgets_slower(config: Any) -> bool:
+    """Constant betas, ``1 - beta_1`` at least ``2**-22`` and ``beta_1 < beta_2`` in
+    float32: the running maximum ``u`` of an infinity-norm rule forgets a gradient
+    more slowly than its first moment ``m`` does, so ``|m| <= u (1 - beta_1) / (1 -
+    beta_1 / beta_2)`` whatever gradients came before (``u >= beta_2**j |g|`` for the
+    gradient of ``j`` steps ago, weighted ``(1 - beta_1) beta_1**j`` in ``m``)."""
+    b1, b2 = config.beta_1, config.beta_2
+    return (is_constant(b1) and is_constant(b2) and float32(b1) < float32(b2)
+            and float32(1.0 - float32(b1)) >= LEAST_ONE_MINUS_BETA)
+
+
+def infinity_norm_k(config: Any) -> float:
+    """``K`` of ``m_hat / u`` where ``forgets_slower``: ``4 / (1 - beta_1 / beta_2)``
+    (``1 - beta_1**t`` at least half of ``1 - beta_1``, and 2 for rounding)."""
+    return 4.0 / (1.0 - float32(config.beta_1) / float32(config.beta_2))
+
+
 def adamax_provable(config: Any) -> bool:
-    if not below_one(config.beta_1) or config.epsilon <= 0:
+    """``forgets_slower``, a normal float32 ``(1 - beta_1) epsilon`` and a rate within
+    1, so that its ``lr * m``, taken before it divides, stays finite."""
+    if not forgets_slower(config) or config.epsilon <= 0:
         return False
     if float32(1.0 - float32(config.beta_1)) * float32(config.epsilon) \
             < ADAMAX_LEAST_DENOMINATOR:
         return False
-    return _rate_provable(config, per_rate(config, 2.0))
+    lr = config.learning_rate
+    return not is_constant(lr) or abs(lr) <= 1
 
 
 def in_unit_interval(config: Any, *names: str) -> Callable[[], list[Any]]:
@@ -137,7 +167,12 @@ def in_unit_interval(config: Any, *names: str) -> Callable[[], list[Any]]:
 
 
 def adamax_proof(config: Any) -> Prove:
-    return _rate_proof(config, per_rate(config, 2.0), in_unit_interval(config, "beta_2"))
+    import tensorflow as tf
+
+    lr = hyper(config.learning_rate)
+    scheduled = not is_constant(config.learning_rate)
+    return _rate_proof(config, infinity_norm_k(config),
+                       lambda: [tf.abs(lr()) <= 1] if scheduled else [])
 
 
 def nadam_provable(config: Any) -> bool:
@@ -161,11 +196,6 @@ def rprop_provable(config: Any) -> bool:
         config.max_step_size))
 
 
-#: the least ``1 - beta`` (float32) of amsgrad's proof: ``1 - beta**t`` then stays above
-#: half of it, two float32 ulps of ``pow`` below it at most
-AMSGRAD_LEAST_ONE_MINUS_BETA = 2.0**-22
-
-
 def _amsgrad_k(config: Any) -> float:
     if config.bias_correction_mu:
         return per_rate(config, 4.0)
@@ -176,7 +206,7 @@ def _betas_and_epsilon(config: Any) -> bool:
     """Constant betas whose ``1 - beta`` is at least ``2**-22`` in float32, and a normal
     float32 ``epsilon``: the denominator of an Adam-like step stays at least epsilon and
     its ``1 - beta_1**t`` at least half of ``1 - beta_1``."""
-    return (all(is_constant(b) and float32(1.0 - float32(b)) >= AMSGRAD_LEAST_ONE_MINUS_BETA
+    return (all(is_constant(b) and float32(1.0 - float32(b)) >= LEAST_ONE_MINUS_BETA
                 for b in (config.beta_1, config.beta_2))
             and float32(config.epsilon) >= LEAST_EPSILON)
 
