@@ -106,6 +106,12 @@ PROVED = st.one_of(
         st.sampled_from([1e-30, 1e-7, 1.0]), st.booleans(), st.booleans()),
     st.builds(lambda lr, mu: {"kind": "sm3", "learning_rate": lr, "momentum": mu},
               EXTREME_RATES, st.sampled_from([0.0, 0.9, 1.0])),
+    st.builds(lambda lr, b1, b2, b3, eps, wd: {
+        "kind": "adan", "learning_rate": lr, "beta_1": b1, "beta_2": b2, "beta_3": b3,
+        "epsilon": eps, "weight_decay": wd},
+        EXTREME_RATES, st.sampled_from([0.0, 0.98, 0.999999]), st.sampled_from([0.0, 0.92]),
+        st.sampled_from([0.0, 0.99, 0.9999]), st.sampled_from([1e-30, 1e-8, 1.0]),
+        st.sampled_from([0.0, 0.02])),
     st.builds(lambda lr, b1, b2, eps, start: {
         "kind": "yogi", "learning_rate": lr, "beta_1": b1, "beta_2": b2, "epsilon": eps,
         "initial_accumulator_value": start},

@@ -2,7 +2,8 @@
 optax's ``adamaxw``, ``nadamw``, ``radam`` and ``rprop`` proved finite from their
 input's norm (and the weights' norm where a weight decays), optax's ``amsgrad``
 and ``sm3`` and TF Addons' ``proximal_adagrad`` from their input's norm and their
-state's largest element, optax's ``yogi`` from its input's norm alone; every
+state's largest element, optax's ``adan`` from its input's norm and its previous
+gradient's largest element, optax's ``yogi`` from its input's norm alone; every
 proof's epsilon a normal float32.
 
 Adamax's step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|``
@@ -91,6 +92,12 @@ def _schedule(end: float) -> dict:
     ("sm3", {"learning_rate": "@lr", "momentum": "@lr"}, True),  # each step requires its own
     ("sm3", {"learning_rate": 1.6e38}, True),
     ("sm3", {"learning_rate": 1.8e38}, False),  # 3.6e38: the step may overflow
+    ("adan", {}, True),  # K = (4 / 0.02 + 8) * 2**64 / 1e-8 = 3.8e29
+    ("adan", {"learning_rate": "@lr", "weight_decay": 0.01}, True),
+    ("adan", {"learning_rate": 8e8}, True),  # 3.1e38
+    ("adan", {"learning_rate": 1e9}, False),  # 3.8e38: the step may overflow
+    ("adan", {"beta_3": "@lr"}, False),  # a scheduled beta: bounded instead
+    ("adan", {"epsilon": 1e-40}, False),  # not a normal float32
     ("yogi", {}, True),  # K = 4 / 0.1 * 2**64 / 1e-3 = 7.4e23
     ("yogi", {"learning_rate": "@lr"}, True),
     ("yogi", {"learning_rate": 4e14}, True),  # 3.0e38
@@ -108,7 +115,8 @@ def test_outputs_are_proved_only_where_the_bound_holds(kind, options, proved):
     pipe = gradpipe.build({"schedules": _schedule(0.02),
                            "transforms": [{"kind": kind, **options}]})
     pipe.build([tf.Variable([1.0])])
-    decays = kind in ("adamaxw", "nadamw") and options.get("weight_decay") != 0.0
+    default_decay = {"adamaxw": 1e-4, "nadamw": 1e-4, "adan": 0.0}  # optax's
+    decays = kind in default_decay and options.get("weight_decay", default_decay[kind]) != 0
     regularises = kind == "proximal_adagrad" and any("strength" in k for k in options)
     assert ("weights' norm" in pipe.plan.checks[0]) == (proved and (decays or regularises))
     assert (f"{kind} at transforms[0]: proved from its input's norm" in pipe.plan.checks[0]
@@ -272,6 +280,27 @@ def test_infinity_norm_rules_stay_proved_after_a_checked_gradient_past_2_64(kind
         for k in (kind, checked_copy(kind)))
     assert applied == expected == [True, False]
     assert "proved" not in plan.checks[-1]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_adan_applies_exactly_the_steps_a_check_applies(path):
+    """adan's proof reads its previous gradient's largest element: after -1.8e19, a
+    gradient of 1.2e19 makes a look-ahead of 1.44e19 (2.1e38 squared): past half the
+    float32 maximum, so checked, and applied; 1.7e19 makes 1.98e19, whose square
+    overflows: both skip it; with 1 again both apply."""
+    def vector(first: float) -> list[np.ndarray]:
+        return [ONES[0], np.array([first, 1.0, 1.0, 1.0], "f4")]
+
+    (by_proof, weights, plan), (by_check, reference, _) = (
+        _steps_from_state(k, path, "previous_gradient/Variable_1", [
+            (None, ONES), (_one_large(-1.8e19, (4,)), vector(1.2e19)),
+            (_one_large(-1.8e19, (4,)), vector(1.7e19)), (np.ones(4), ONES)])
+        for k in ("adan", checked_copy("adan")))
+    assert f"adan at transforms[{len(PATHS[path])}]: proved from its input's norm and its " \
+           "previous gradient's largest element" in plan.checks[-1]
+    assert by_proof == by_check == [True, True, False, True]
+    for a, b in zip(weights, reference):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -1,5 +1,5 @@
 """Proofs of the rules that follow optax's order of operations: ``adamaxw``,
-``nadamw``, ``radam``.
+``nadamw``, ``adan``, ``radam``.
 
 optax scales a direction by the rate last: ``lr * (direction + weight_decay *
 w)``. Each of these directions stays within a constant ``K`` of the config; the
@@ -26,6 +26,17 @@ within that too. The weights' norm is read only where a weight decays.
   ``sqrt(v_hat + epsilon_root) + epsilon`` is at least ``epsilon`` (an
   overflowing ``v_hat`` gives 0), so ``K = 4 / (1 - beta_1) * 2**64 /
   epsilon`` (twice for rounding).
+* ``adan`` with constant betas whose ``1 - beta`` is at least ``2**-22`` in float32
+  and ``epsilon`` a normal float32. Every step it applies, proved or checked, has
+  a finite second moment, so its look-ahead ``x = (2 - beta_2) g - (1 - beta_2)
+  g_prev`` within ``2**64``: with ``g_prev`` within ``2**64`` (as on the first step,
+  where the difference is 0), so is ``g``. Its ``m`` (an average of those) stays
+  within ``B = 2**64`` and ``v`` (of their differences) within ``2 B``; ``n``, an
+  average of squares, is not negative. Its direction ``(m_hat + (1 - beta_2)
+  v_hat) / (sqrt(n_hat + epsilon_root) + epsilon)`` then stays within ``K = (4 / (1
+  - beta_1) + 8) * 2**64 / epsilon``. Each step reads the previous gradient's
+  largest element and requires ``x**2`` (from it and the input's norm) below half
+  the maximum, so that ``n`` stays finite.
 * ``radam`` with constant betas below 1 in float32, ``epsilon`` a normal float32
   and ``rho_inf = 2 / (1 - beta_2) - 1`` at least 5: ``rho <= rho_inf``, and
   ``(rho - 4)(rho - 2) / rho`` grows with ``rho`` from 4 on, so the
@@ -43,8 +54,22 @@ from typing import Any
 from ..fields import is_constant
 from ..transform import hyper
 from .bounds import squared_bound, weight_norm_bound
-from .proofs import FLOAT32_BOUND, LEAST_EPSILON, Prove, float32, sparse_or_narrow
-from .rate_proofs import below_one, forgets_slower, in_unit_interval, infinity_norm_k, per_rate
+from .proofs import (
+    FLOAT32_BOUND,
+    LARGEST_ELEMENT,
+    LEAST_EPSILON,
+    Prove,
+    float32,
+    sparse_or_narrow,
+)
+from .rate_proofs import (
+    LEAST_ONE_MINUS_BETA,
+    below_one,
+    forgets_slower,
+    in_unit_interval,
+    infinity_norm_k,
+    per_rate,
+)
 
 #: the least ``rho_inf`` of radam's proof: below, ``r``'s denominator ``(rho_inf -
 #: 4)(rho_inf - 2)`` is near 0 and the rounding of ``rho - 4`` can make ``r`` large
@@ -57,6 +82,12 @@ def _adamaxw_direction(config: Any) -> float:
 
 def _nadamw_direction(config: Any) -> float:
     return per_rate(config, 4.0)
+
+
+def _adan_direction(config: Any) -> float:
+    # m_hat within 2 B / (1 - beta_1), (1 - beta_2) v_hat within 4 B, B = 2**64; 2: rounding
+    return (4.0 / float32(1.0 - float32(config.beta_1)) + 8.0) * LARGEST_ELEMENT \
+        / config.epsilon
 
 
 def _radam_direction(config: Any) -> float:
@@ -123,6 +154,35 @@ def nadamw_provable(config: Any) -> bool:
 
 def nadamw_proof(config: Any) -> Prove:
     return _proof(config, _nadamw_direction(config))
+
+
+def adan_provable(config: Any) -> bool:
+    return (all(is_constant(b) and float32(1.0 - float32(b)) >= LEAST_ONE_MINUS_BETA
+                for b in (config.beta_1, config.beta_2, config.beta_3))
+            and _provable(config, _adan_direction))
+
+
+def adan_proof(config: Any) -> Prove:
+    """``_proof``'s, and its squared look-ahead ``x**2``, ``x = g + (1 - beta_2)(g -
+    g_prev)``, within half the float32 maximum, from the previous gradient's largest
+    element: its second moment, an average of ``x**2``, then stays finite too."""
+    import tensorflow as tf
+
+    step = _proof(config, _adan_direction(config))
+    c = float32(1.0 - float32(config.beta_2))
+
+    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
+              ) -> list[Any] | None:
+        required = step(inputs, read_state, variables)
+        previous = [p for g, p in zip(inputs, read_state().previous_gradient) if g is not None]
+        if required is None or not previous:
+            return required
+        largest = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(p)) for p in previous]))
+        element = tf.sqrt(tf.cast(squared_bound(inputs), tf.float64))
+        x = (1 + c) * element + c * tf.cast(largest, tf.float64)
+        return [*required, 2 * x * x < FLOAT32_BOUND]
+
+    return prove
 
 
 def radam_provable(config: Any) -> bool:

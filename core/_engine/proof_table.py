@@ -18,6 +18,8 @@ from ..spec import ComponentSpec
 from .optax_proofs import (
     adamaxw_proof,
     adamaxw_provable,
+    adan_proof,
+    adan_provable,
     decays_weights,
     nadamw_proof,
     nadamw_provable,
@@ -78,6 +80,7 @@ class _Proof(NamedTuple):
 
 _LARGEST_STATE = "its state's largest element"
 _WEIGHTS = "its weights' norm"
+_PREVIOUS = "its previous gradient's largest element"
 
 
 def _weights_where_decayed(config: Any) -> tuple[str, ...]:
@@ -115,6 +118,9 @@ _PROOFS: dict[str, _Proof] = {
                       reads=_weights_where_decayed),
     "nadamw": _Proof(nadamw_provable, lambda c: CheckedWhereItFails(nadamw_proof(c)),
                      reads=_weights_where_decayed),
+    # its direction's bound, and its look-ahead's square from the previous gradient's
+    "adan": _Proof(adan_provable, lambda c: CheckedWhereItFails(adan_proof(c)),
+                   reads=lambda c: (_PREVIOUS,) + _weights_where_decayed(c)),
     "radam": _Proof(radam_provable, lambda c: CheckedWhereItFails(radam_proof(c))),
     "sign_sgd": _Proof(sign_provable, lambda c: CheckedWhereItFails(sign_proof(c))),
     "signum": _Proof(sign_provable, lambda c: CheckedWhereItFails(sign_proof(c, "beta"))),
