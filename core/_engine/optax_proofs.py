@@ -177,9 +177,10 @@ def adan_proof(config: Any) -> Prove:
         previous = [p for g, p in zip(inputs, read_state().previous_gradient) if g is not None]
         if required is None or not previous:
             return required
-        largest = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(p)) for p in previous]))
+        largest = tf.reduce_max(tf.stack([tf.cast(tf.reduce_max(tf.abs(p)), tf.float64)
+                                          for p in previous]))
         element = tf.sqrt(tf.cast(squared_bound(inputs), tf.float64))
-        x = (1 + c) * element + c * tf.cast(largest, tf.float64)
+        x = (1 + c) * element + c * largest
         return [*required, 2 * x * x < FLOAT32_BOUND]
 
     return prove
