@@ -106,6 +106,11 @@ PROVED = st.one_of(
         st.sampled_from([1e-30, 1e-7, 1.0]), st.booleans(), st.booleans()),
     st.builds(lambda lr, mu: {"kind": "sm3", "learning_rate": lr, "momentum": mu},
               EXTREME_RATES, st.sampled_from([0.0, 0.9, 1.0])),
+    st.builds(lambda lr, b1, b2, eps, wd, nesterov: {
+        "kind": "adabelief", "learning_rate": lr, "beta_1": b1, "beta_2": b2,
+        "epsilon": eps, "weight_decay": wd, "nesterov": nesterov},
+        EXTREME_RATES, st.sampled_from([0.0, 0.9, 0.999999]), st.sampled_from([0.0, 0.999]),
+        st.sampled_from([1e-30, 1e-16, 1.0]), st.sampled_from([0.0, 0.1]), st.booleans()),
     st.builds(lambda lr, b1, b2, b3, eps, wd: {
         "kind": "adan", "learning_rate": lr, "beta_1": b1, "beta_2": b2, "beta_3": b3,
         "epsilon": eps, "weight_decay": wd},

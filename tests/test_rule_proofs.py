@@ -2,8 +2,9 @@
 optax's ``adamaxw``, ``nadamw``, ``radam`` and ``rprop`` proved finite from their
 input's norm (and the weights' norm where a weight decays), optax's ``amsgrad``
 and ``sm3`` and TF Addons' ``proximal_adagrad`` from their input's norm and their
-state's largest element, optax's ``adan`` from its input's norm and its previous
-gradient's largest element, optax's ``yogi`` from its input's norm alone; every
+state's largest element, optax's ``adan`` and ``adabelief`` from their input's norm
+and the largest element of their previous gradient and first moment, optax's
+``yogi`` from its input's norm alone; every
 proof's epsilon a normal float32.
 
 Adamax's step ``lr * m / ((1 - beta_1**t) (u + epsilon))`` has ``|m| <= max|g|``
@@ -92,6 +93,10 @@ def _schedule(end: float) -> dict:
     ("sm3", {"learning_rate": "@lr", "momentum": "@lr"}, True),  # each step requires its own
     ("sm3", {"learning_rate": 1.6e38}, True),
     ("sm3", {"learning_rate": 1.8e38}, False),  # 3.6e38: the step may overflow
+    ("adabelief", {}, True),  # K = 8 / 0.1 / 1e-16 = 8e17 per unit of the largest element
+    ("adabelief", {"nesterov": True, "learning_rate": "@lr", "weight_decay": 0.1}, True),
+    ("adabelief", {"beta_2": "@lr"}, False),  # a scheduled beta: bounded instead
+    ("adabelief", {"epsilon": 0.0}, False),  # 0 / 0 where both moments are 0
     ("adan", {}, True),  # K = (4 / 0.02 + 8) * 2**64 / 1e-8 = 3.8e29
     ("adan", {"learning_rate": "@lr", "weight_decay": 0.01}, True),
     ("adan", {"learning_rate": 8e8}, True),  # 3.1e38
@@ -115,7 +120,7 @@ def test_outputs_are_proved_only_where_the_bound_holds(kind, options, proved):
     pipe = gradpipe.build({"schedules": _schedule(0.02),
                            "transforms": [{"kind": kind, **options}]})
     pipe.build([tf.Variable([1.0])])
-    default_decay = {"adamaxw": 1e-4, "nadamw": 1e-4, "adan": 0.0}  # optax's
+    default_decay = {"adamaxw": 1e-4, "nadamw": 1e-4, "adan": 0.0, "adabelief": 0.0}
     decays = kind in default_decay and options.get("weight_decay", default_decay[kind]) != 0
     regularises = kind == "proximal_adagrad" and any("strength" in k for k in options)
     assert ("weights' norm" in pipe.plan.checks[0]) == (proved and (decays or regularises))
@@ -280,6 +285,27 @@ def test_infinity_norm_rules_stay_proved_after_a_checked_gradient_past_2_64(kind
         for k in (kind, checked_copy(kind)))
     assert applied == expected == [True, False]
     assert "proved" not in plan.checks[-1]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_adabelief_applies_exactly_the_steps_a_check_applies(path):
+    """adabelief's proof reads its first moment's largest element: with -1e19 there, a
+    gradient of 4e18 makes an error of 1.26e19 (1.6e38 squared): past half the float32
+    maximum, so checked, and applied; with -1.8e19 and 1.2e19 the squared error
+    overflows: both skip it; with 1 again both apply."""
+    def vector(first: float) -> list[np.ndarray]:
+        return [ONES[0], np.array([first, 1.0, 1.0, 1.0], "f4")]
+
+    (by_proof, weights, plan), (by_check, reference, _) = (
+        _steps_from_state(k, path, "mu/Variable_1", [
+            (None, ONES), (_one_large(-1e19, (4,)), vector(4e18)),
+            (_one_large(-1.8e19, (4,)), vector(1.2e19)), (np.ones(4), ONES)])
+        for k in ("adabelief", checked_copy("adabelief")))
+    assert f"adabelief at transforms[{len(PATHS[path])}]: proved from its input's norm and " \
+           "its first moment's largest element" in plan.checks[-1]
+    assert by_proof == by_check == [True, True, False, True]
+    for a, b in zip(weights, reference):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -1,5 +1,5 @@
 """Proofs of the rules that follow optax's order of operations: ``adamaxw``,
-``nadamw``, ``adan``, ``radam``.
+``nadamw``, ``adan``, ``adabelief``, ``radam``.
 
 optax scales a direction by the rate last: ``lr * (direction + weight_decay *
 w)``. Each of these directions stays within a constant ``K`` of the config; the
@@ -37,6 +37,14 @@ within that too. The weights' norm is read only where a weight decays.
   - beta_1) + 8) * 2**64 / epsilon``. Each step reads the previous gradient's
   largest element and requires ``x**2`` (from it and the input's norm) below half
   the maximum, so that ``n`` stays finite.
+* ``adabelief`` with constant betas whose ``1 - beta`` is at least ``2**-22`` and
+  ``epsilon`` a normal float32. Its first moment is not held within ``2**64`` by its
+  maths (the squared error ``(g - m)**2`` lets ``g`` drift from ``m``), so each step
+  reads its largest element ``M``: with ``A = max(M, |g|)``, ``m_hat`` (Nesterov's
+  too) stays within ``4 A / (1 - beta_1)``, its second moment, an average of
+  squares, is not negative, so ``K = 8 / ((1 - beta_1) epsilon)`` per unit of
+  ``A``; the squared error, within ``(|g| + M)**2``, must stay below half the
+  maximum.
 * ``radam`` with constant betas below 1 in float32, ``epsilon`` a normal float32
   and ``rho_inf = 2 / (1 - beta_2) - 1`` at least 5: ``rho <= rho_inf``, and
   ``(rho - 4)(rho - 2) / rho`` grows with ``rho`` from 4 on, so the
@@ -66,7 +74,6 @@ from .rate_proofs import (
     LEAST_ONE_MINUS_BETA,
     below_one,
     forgets_slower,
-    in_unit_interval,
     infinity_norm_k,
     per_rate,
 )
@@ -104,29 +111,43 @@ def _provable(config: Any, direction: Callable[[Any], float]) -> bool:
     return max(1.0, abs(lr) if is_constant(lr) else 1.0) * direction(config) < FLOAT32_BOUND
 
 
+def _constant_betas(config: Any, *names: str) -> bool:
+    """Constant betas whose ``1 - beta`` is at least ``2**-22`` in float32: ``1 -
+    beta**t`` then stays at least half of ``1 - beta``."""
+    return all(is_constant(b) and float32(1.0 - float32(b)) >= LEAST_ONE_MINUS_BETA
+               for b in (getattr(config, n) for n in names))
+
+
 def decays_weights(config: Any) -> bool:
     """Whether an optax rule decays weights, so that its proof reads their norm."""
     wd = getattr(config, "weight_decay", 0.0)
     return not (is_constant(wd) and wd == 0)
 
 
-def _proof(config: Any, direction: float, scheduled: tuple[str, ...] = ()) -> Prove:
-    """The step within ``max(1, |lr|) (K + |wd| ||w||)``, ``K`` = ``direction``; each of
-    the ``scheduled`` betas (optax's ``beta_2`` of adamaxw) in [0, 1]."""
+#: ``reads(inputs, state)``: a step's own requirements and a float64 factor of its
+#: direction's bound, from what it reads of the state
+Reads = Callable[[list[Any], Any], tuple[list[Any], Any]]
+
+
+def _proof(config: Any, direction: float, reads: Reads | None = None) -> Prove:
+    """The step within ``max(1, |lr|) (K + |wd| ||w||)``, ``K`` = ``direction`` (times
+    the factor ``reads`` gives, with its requirements, where it is given)."""
     import tensorflow as tf
 
     lr = hyper(config.learning_rate)
     decay = hyper(config.weight_decay) if decays_weights(config) else None
-    per_step = decay is not None or not is_constant(config.learning_rate)
-    betas_in_unit_interval = in_unit_interval(config, *scheduled)
+    per_step = decay is not None or not is_constant(config.learning_rate) or reads is not None
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
               ) -> list[Any] | None:
         if sparse_or_narrow(inputs):
             return None
-        required = [squared_bound(inputs), *betas_in_unit_interval()]
+        required, factor = [squared_bound(inputs)], 1.0
+        if reads is not None:
+            more, factor = reads(inputs, read_state())
+            required += more
         if per_step:  # in float64, compared with float32's maximum: NaN/Inf fail too
-            bound: Any = tf.constant(direction, tf.float64)
+            bound: Any = direction * tf.cast(factor, tf.float64)
             present = [v for g, v in zip(inputs, variables) if g is not None]
             if decay is not None and present:
                 weights = tf.cast(weight_norm_bound(present), tf.float64)
@@ -136,6 +157,23 @@ def _proof(config: Any, direction: float, scheduled: tuple[str, ...] = ()) -> Pr
         return required
 
     return prove
+
+
+def _largest(inputs: list[Any], leaves: list[Any]) -> Any:
+    """The largest absolute element of ``leaves`` (a state's, one per input) whose input
+    is given, in float64; 0 where none is."""
+    import tensorflow as tf
+
+    present = [tf.cast(tf.reduce_max(tf.abs(t)), tf.float64)
+               for g, t in zip(inputs, leaves) if g is not None]
+    return tf.reduce_max(tf.stack(present)) if present else tf.constant(0.0, tf.float64)
+
+
+def _element(inputs: list[Any]) -> Any:
+    """A float64 bound of every element of ``inputs``: the root of their sum of squares."""
+    import tensorflow as tf
+
+    return tf.sqrt(tf.cast(squared_bound(inputs), tf.float64))
 
 
 def adamaxw_provable(config: Any) -> bool:
@@ -157,33 +195,47 @@ def nadamw_proof(config: Any) -> Prove:
 
 
 def adan_provable(config: Any) -> bool:
-    return (all(is_constant(b) and float32(1.0 - float32(b)) >= LEAST_ONE_MINUS_BETA
-                for b in (config.beta_1, config.beta_2, config.beta_3))
-            and _provable(config, _adan_direction))
+    return _constant_betas(config, "beta_1", "beta_2", "beta_3") and _provable(
+        config, _adan_direction)
 
 
 def adan_proof(config: Any) -> Prove:
     """``_proof``'s, and its squared look-ahead ``x**2``, ``x = g + (1 - beta_2)(g -
     g_prev)``, within half the float32 maximum, from the previous gradient's largest
     element: its second moment, an average of ``x**2``, then stays finite too."""
-    import tensorflow as tf
-
-    step = _proof(config, _adan_direction(config))
     c = float32(1.0 - float32(config.beta_2))
 
-    def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
-        required = step(inputs, read_state, variables)
-        previous = [p for g, p in zip(inputs, read_state().previous_gradient) if g is not None]
-        if required is None or not previous:
-            return required
-        largest = tf.reduce_max(tf.stack([tf.cast(tf.reduce_max(tf.abs(p)), tf.float64)
-                                          for p in previous]))
-        element = tf.sqrt(tf.cast(squared_bound(inputs), tf.float64))
-        x = (1 + c) * element + c * largest
-        return [*required, 2 * x * x < FLOAT32_BOUND]
+    def reads(inputs: list[Any], state: Any) -> tuple[list[Any], Any]:
+        x = (1 + c) * _element(inputs) + c * _largest(inputs, state.previous_gradient)
+        return [2 * x * x < FLOAT32_BOUND], 1.0
 
-    return prove
+    return _proof(config, _adan_direction(config), reads)
+
+
+def adabelief_provable(config: Any) -> bool:
+    return _constant_betas(config, "beta_1", "beta_2") and _provable(
+        config, _adabelief_direction)
+
+
+def _adabelief_direction(config: Any) -> float:
+    # m_hat (Nesterov's too) within 4 A / (1 - beta_1), A the largest of |m| and |g|;
+    # 2: rounding
+    return 8.0 / float32(1.0 - float32(config.beta_1)) / config.epsilon
+
+
+def adabelief_proof(config: Any) -> Prove:
+    """``_proof``'s with ``K`` per unit of ``A``, the largest of the first moment's
+    elements (read) and the input's; the squared error ``(g - m)**2`` within half the
+    float32 maximum, so that the second moment, an average of it, stays finite."""
+
+    import tensorflow as tf
+
+    def reads(inputs: list[Any], state: Any) -> tuple[list[Any], Any]:
+        element, moment = _element(inputs), _largest(inputs, state.mu)
+        error = element + moment  # |g - m_new| = beta_1 |g - m| at most
+        return [2 * error * error < FLOAT32_BOUND], tf.maximum(element, moment)
+
+    return _proof(config, _adabelief_direction(config), reads)
 
 
 def radam_provable(config: Any) -> bool:

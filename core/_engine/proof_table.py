@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 from ..entry_points import BUILTIN_DIST
 from ..spec import ComponentSpec
 from .optax_proofs import (
+    adabelief_proof,
+    adabelief_provable,
     adamaxw_proof,
     adamaxw_provable,
     adan_proof,
@@ -81,6 +83,7 @@ class _Proof(NamedTuple):
 _LARGEST_STATE = "its state's largest element"
 _WEIGHTS = "its weights' norm"
 _PREVIOUS = "its previous gradient's largest element"
+_FIRST_MOMENT = "its first moment's largest element"
 
 
 def _weights_where_decayed(config: Any) -> tuple[str, ...]:
@@ -118,6 +121,9 @@ _PROOFS: dict[str, _Proof] = {
                       reads=_weights_where_decayed),
     "nadamw": _Proof(nadamw_provable, lambda c: CheckedWhereItFails(nadamw_proof(c)),
                      reads=_weights_where_decayed),
+    # its direction's bound per unit of its first moment's largest element (read)
+    "adabelief": _Proof(adabelief_provable, lambda c: CheckedWhereItFails(adabelief_proof(c)),
+                        reads=lambda c: (_FIRST_MOMENT,) + _weights_where_decayed(c)),
     # its direction's bound, and its look-ahead's square from the previous gradient's
     "adan": _Proof(adan_provable, lambda c: CheckedWhereItFails(adan_proof(c)),
                    reads=lambda c: (_PREVIOUS,) + _weights_where_decayed(c)),
