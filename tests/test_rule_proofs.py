@@ -219,14 +219,19 @@ def _one_large(value: float, shape: tuple = (6, 4)) -> np.ndarray:
     return np.where(np.arange(np.prod(shape)).reshape(shape) == 0, value, 1.0)
 
 
-def _assert_proof_applies_as_the_check(kind: str, path: str, slot: str, steps: list
-                                       ) -> None:
-    """The proof, read from its state's largest element, applies the steps a check of
-    the same maths applies (one that fails it, checked, applies), and nothing else."""
+def _vector(first: float, second: float = 1.0) -> list[np.ndarray]:
+    """``ONES`` with the vector's first two elements replaced."""
+    return [ONES[0], np.array([first, second, 1.0, 1.0], "f4")]
+
+
+def _assert_proof_applies_as_the_check(
+        kind: str, path: str, slot: str, steps: list,
+        reads: str = "its input's norm and its state's largest element") -> None:
+    """The proof, from what it ``reads``, applies the steps a check of the same maths
+    applies (one that fails it, checked, applies), and nothing else."""
     (by_proof, weights, plan), (by_check, reference, _) = (
         _steps_from_state(k, path, slot, steps) for k in (kind, checked_copy(kind)))
-    assert f"{kind} at transforms[{len(PATHS[path])}]: proved from its input's norm and " \
-           "its state's largest element" in plan.checks[-1]
+    assert f"{kind} at transforms[{len(PATHS[path])}]: proved from {reads}" in plan.checks[-1]
     assert by_proof == by_check == [True, True, False, True]
     for a, b in zip(weights, reference):
         np.testing.assert_array_equal(a, b)
@@ -249,12 +254,9 @@ def test_sm3_applies_exactly_the_steps_a_check_applies(path):
     gradient of 1e19 elsewhere fail it (3.39e38 + 1e38), the step is checked and
     applies (each accumulator is finite); a cover of 3e38 under a gradient of 1.5e19
     overflows, and both skip it; with a cover of 1 again both apply."""
-    def vector(first: float, second: float = 1.0) -> list[np.ndarray]:
-        return [ONES[0], np.array([first, second, 1.0, 1.0], "f4")]
-
     _assert_proof_applies_as_the_check("sm3", path, "cover/Variable_1", [
-        (None, ONES), (_one_large(3.39e38, (4,)), vector(1.0, 1e19)),
-        (_one_large(3e38, (4,)), vector(1.5e19)), (np.ones(4), ONES)])
+        (None, ONES), (_one_large(3.39e38, (4,)), _vector(1.0, 1e19)),
+        (_one_large(3e38, (4,)), _vector(1.5e19)), (np.ones(4), ONES)])
 
 
 @pytest.mark.parametrize("kind", ["adamax", "adamaxw"])
@@ -293,19 +295,10 @@ def test_adabelief_applies_exactly_the_steps_a_check_applies(path):
     gradient of 4e18 makes an error of 1.26e19 (1.6e38 squared): past half the float32
     maximum, so checked, and applied; with -1.8e19 and 1.2e19 the squared error
     overflows: both skip it; with 1 again both apply."""
-    def vector(first: float) -> list[np.ndarray]:
-        return [ONES[0], np.array([first, 1.0, 1.0, 1.0], "f4")]
-
-    (by_proof, weights, plan), (by_check, reference, _) = (
-        _steps_from_state(k, path, "mu/Variable_1", [
-            (None, ONES), (_one_large(-1e19, (4,)), vector(4e18)),
-            (_one_large(-1.8e19, (4,)), vector(1.2e19)), (np.ones(4), ONES)])
-        for k in ("adabelief", checked_copy("adabelief")))
-    assert f"adabelief at transforms[{len(PATHS[path])}]: proved from its input's norm and " \
-           "its first moment's largest element" in plan.checks[-1]
-    assert by_proof == by_check == [True, True, False, True]
-    for a, b in zip(weights, reference):
-        np.testing.assert_array_equal(a, b)
+    _assert_proof_applies_as_the_check("adabelief", path, "mu/Variable_1", [
+        (None, ONES), (_one_large(-1e19, (4,)), _vector(4e18)),
+        (_one_large(-1.8e19, (4,)), _vector(1.2e19)), (np.ones(4), ONES)],
+        reads="its input's norm and its first moment's largest element")
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -314,19 +307,10 @@ def test_adan_applies_exactly_the_steps_a_check_applies(path):
     gradient of 1.2e19 makes a look-ahead of 1.44e19 (2.1e38 squared): past half the
     float32 maximum, so checked, and applied; 1.7e19 makes 1.98e19, whose square
     overflows: both skip it; with 1 again both apply."""
-    def vector(first: float) -> list[np.ndarray]:
-        return [ONES[0], np.array([first, 1.0, 1.0, 1.0], "f4")]
-
-    (by_proof, weights, plan), (by_check, reference, _) = (
-        _steps_from_state(k, path, "previous_gradient/Variable_1", [
-            (None, ONES), (_one_large(-1.8e19, (4,)), vector(1.2e19)),
-            (_one_large(-1.8e19, (4,)), vector(1.7e19)), (np.ones(4), ONES)])
-        for k in ("adan", checked_copy("adan")))
-    assert f"adan at transforms[{len(PATHS[path])}]: proved from its input's norm and its " \
-           "previous gradient's largest element" in plan.checks[-1]
-    assert by_proof == by_check == [True, True, False, True]
-    for a, b in zip(weights, reference):
-        np.testing.assert_array_equal(a, b)
+    _assert_proof_applies_as_the_check("adan", path, "previous_gradient/Variable_1", [
+        (None, ONES), (_one_large(-1.8e19, (4,)), _vector(1.2e19)),
+        (_one_large(-1.8e19, (4,)), _vector(1.7e19)), (np.ones(4), ONES)],
+        reads="its input's norm and its previous gradient's largest element")
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -335,19 +319,10 @@ def test_yogi_applies_exactly_the_steps_a_check_applies_reading_nothing_of_its_s
     elsewhere shrinks there (the proof holds, both apply); under 1.8446e19, whose
     square (3.4025e38) is above it, it grows past float32: the proof fails, and the
     check skips it as well; with 1 again both apply."""
-    def vector(first: float, second: float = 1.0) -> list[np.ndarray]:
-        return [ONES[0], np.array([first, second, 1.0, 1.0], "f4")]
-
-    (by_proof, weights, plan), (by_check, reference, _) = (
-        _steps_from_state(k, path, "nu/Variable_1", [
-            (None, ONES), (_one_large(3.4e38, (4,)), vector(1.0, 1e19)),
-            (_one_large(3.4e38, (4,)), vector(1.8446e19)), (np.ones(4), ONES)])
-        for k in ("yogi", checked_copy("yogi")))
-    assert f"yogi at transforms[{len(PATHS[path])}]: proved from its input's norm " \
-           "(gradpipe knows its maths)" in plan.checks[-1]
-    assert by_proof == by_check == [True, True, False, True]
-    for a, b in zip(weights, reference):
-        np.testing.assert_array_equal(a, b)
+    _assert_proof_applies_as_the_check("yogi", path, "nu/Variable_1", [
+        (None, ONES), (_one_large(3.4e38, (4,)), _vector(1.0, 1e19)),
+        (_one_large(3.4e38, (4,)), _vector(1.8446e19)), (np.ones(4), ONES)],
+        reads="its input's norm (gradpipe knows its maths)")
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -356,12 +331,9 @@ def test_proximal_adagrad_applies_exactly_the_steps_a_check_applies(path):
     and a gradient of 1e19 elsewhere fail it (3.39e38 + 1e38), the step is checked and
     applies (each element is finite); one of 3e38 under a gradient of 1.5e19 overflows,
     and both skip it; with 1 again both apply."""
-    def vector(first: float, second: float = 1.0) -> list[np.ndarray]:
-        return [ONES[0], np.array([first, second, 1.0, 1.0], "f4")]
-
     _assert_proof_applies_as_the_check("proximal_adagrad", path, "accumulator/Variable_1", [
-        (None, ONES), (_one_large(3.39e38, (4,)), vector(1.0, 1e19)),
-        (_one_large(3e38, (4,)), vector(1.5e19)), (np.ones(4), ONES)])
+        (None, ONES), (_one_large(3.39e38, (4,)), _vector(1.0, 1e19)),
+        (_one_large(3e38, (4,)), _vector(1.5e19)), (np.ones(4), ONES)])
 
 
 @pytest.mark.parametrize("kind", ["adam", "adamw", "lamb", "adamax", "nadam", "adamaxw",

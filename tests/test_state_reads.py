@@ -108,10 +108,9 @@ def test_a_step_is_applied_exactly_when_its_outputs_are_finite(jit, m, v, grads)
 @pytest.mark.parametrize("kind, ranged", [("adabelief", "nu"), ("adan", "n"), ("sm3", "cover"),
                                           ("amsgrad", "nu_max")])
 def test_the_plan_names_the_leaves_whose_range_a_built_in_rule_reads(kind, ranged):
-    """optax's rules that the engine bounds read the range of the one leaf under their
-    root; the plan says which. (amsgrad's and sm3's maths as a plugin's: the engine
-    proves its own.)"""
-    kind = checked_copy(kind) if kind in ("amsgrad", "sm3") else kind
+    """optax's rules, bounded as a plugin's maths would be (the engine proves its own),
+    read the range of the one leaf under their root; the plan says which."""
+    kind = checked_copy(kind)
     pipe = gradpipe.build({"transforms": [{"kind": kind}], "pipeline": {"jit_compile": True}})
     pipe.build([tf.Variable(tf.zeros([4, 3]))])
     assert (f"{kind} at transforms[0]: bounded: its traced maths, from its input's norm, "

@@ -8,8 +8,10 @@ step then stays within ``max(1, |lr|) * (K + |weight_decay| * ||w||)`` (the
 below the float32 maximum at build where it is constant, else at each step
 (where it fails, the step is checked). As :mod:`gradpipe._engine.proofs`' own,
 each holds for gradpipe's maths only and assumes its inputs finite, every
-element below ``2**64``; the first moment, a weighted mean of them, stays
-within that too. The weights' norm is read only where a weight decays.
+element below ``2**64``; where the rule squares its input (so a step with a
+larger one is never applied, checked or not), the first moment, a weighted
+mean of them, stays within that too. The weights' norm is read only where a
+weight decays.
 
 * ``adamaxw`` on ``adamax``'s conditions (``rate_proofs.forgets_slower``: constant
   betas, ``beta_1 < beta_2``) and ``epsilon`` a normal float32: its infinity norm

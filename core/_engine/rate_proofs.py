@@ -4,7 +4,9 @@ optax's ``amsgrad``, ``yogi`` and ``sm3``.
 
 As :mod:`gradpipe._engine.proofs`' own, each holds for gradpipe's maths only and
 assumes its inputs finite (a finite sum of squares bounds every element by
-``2**64``); the first moment, an average of the gradients, stays within that too.
+``2**64``); where the rule squares the gradient (a larger one then never applies,
+checked or not), the first moment, an average of the gradients, stays within that
+too (``adamax``, which does not, is held by its ``u`` instead).
 Each requires ``|lr| * K`` below the float32 maximum, once at build for a constant
 rate, at each step for a scheduled one (where it fails, the step is checked):
 
