@@ -267,7 +267,8 @@ def pipeline_toml(path: str | Path, data: Any = None) -> str:
     if saved is not None:
         return saved
     import keras
-    import tomli_w
+
+    from .toml_source import dumps
 
     try:
         optimizer = keras.optimizers.get(data)
@@ -281,4 +282,4 @@ def pipeline_toml(path: str | Path, data: Any = None) -> str:
             "# excluded variables, add exclude_from_weight_decay = [PATTERN] to the rule\n"
             "# (or exclude = [PATTERN] to its weight_decay table).\n") if decays else ""
     return (f"# The pipeline of the Keras optimizer in {Path(path).name} "
-            f"(gradpipe from-keras).\n{note}{tomli_w.dumps(table)}")
+            f"(gradpipe from-keras).\n{note}{dumps(table)}")

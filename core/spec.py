@@ -23,7 +23,7 @@ from .fields import (
     variable_patterns,
 )
 from .hints import did_you_mean
-from .toml_source import line_for
+from .toml_source import dumps, line_for
 
 SCHEMA_VERSION = 1
 
@@ -231,6 +231,4 @@ class PipelineSpec:
                 if c.dist}
 
     def to_toml(self) -> str:
-        import tomli_w
-
-        return tomli_w.dumps(self.to_mapping())
+        return dumps(self.to_mapping())

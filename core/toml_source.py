@@ -1,6 +1,7 @@
 """Reading a pipeline file: its TOML, and the line of every key; a table
-written in Python, made of the values TOML has; and a key or a value written
-back as TOML, for the messages and descriptions that show one.
+written in Python, made of the values TOML has; and a key, a value or a whole
+pipeline written back as TOML, for the messages, descriptions and files that
+show one.
 
 ``tomllib`` keeps no positions, so :func:`line_map` finds them with a light
 scan of the text; :func:`line_for` gives a key path's line, or its nearest
@@ -139,3 +140,23 @@ def toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return json.dumps(str(value))  # a TOML basic string
+
+
+def dumps(table: Mapping[str, Any]) -> str:
+    """``table`` as a pipeline file: its tables as ``tomli_w`` writes them, then each
+    array of tables (``transforms``, ``convergence``) as ``[[name]]`` sections, one
+    per element, as users write them (``tomli_w`` would inline a short one), with
+    any table inside an element inline."""
+    import tomli_w
+
+    def tables(value: Any) -> bool:
+        return isinstance(value, (list, tuple)) and bool(value) and all(
+            isinstance(item, Mapping) for item in value)
+
+    arrays = {key: value for key, value in table.items() if tables(value)}
+    text = tomli_w.dumps({key: value for key, value in table.items() if key not in arrays})
+    for key, items in arrays.items():
+        for item in items:
+            text += f"\n[[{toml_key(key)}]]\n" + "".join(
+                f"{toml_key(str(k))} = {toml_value(v)}\n" for k, v in item.items())
+    return text.lstrip("\n")

@@ -40,10 +40,24 @@ def test_plugins_hides_builtins_without_all():
     assert all(not r["builtin"] for r in json.loads(result.stdout))
 
 
-def test_check_ok_prints_resolved_pipeline():
+def test_check_ok_prints_resolved_pipeline(write_toml, tmp_path):
     result = gradpipe_cli("check", str(ROOT / "examples" / "quickstart.toml"))
     assert result.returncode == 0, result.stderr
     assert "beta_2 = 0.999" in result.stdout  # defaults filled in
+    # one short transform is written as the user wrote it, not as an inline array, and
+    # a schedule in place stays inline: the printed file checks as it is
+    short = gradpipe_cli("check", str(write_toml("""
+        [[transforms]]
+        kind = "sgd"
+        learning_rate = { kind = "linear", start = 0.1, end = 0.0, steps = 10 }
+    """)), "--resolved")
+    assert short.returncode == 0, short.stderr
+    assert "transforms = [" not in short.stdout
+    assert '\n[[transforms]]\nkind = "sgd"\nlearning_rate = { kind = "linear", start = 0.1, ' \
+        in short.stdout
+    (tmp_path / "resolved.toml").write_text(short.stdout)
+    again = gradpipe_cli("check", str(tmp_path / "resolved.toml"), "--resolved")
+    assert again.returncode == 0 and again.stdout == short.stdout
 
 
 @pytest.mark.slow
