@@ -450,7 +450,7 @@ def test_tfa_serialization(weight_decay):
         {"kind": "adam", "learning_rate": 1e-4},
         {"kind": "weight_decay", "weight_decay": weight_decay, "exclude": ["var1"]}]})
     text = pipe.to_toml()
-    assert 'exclude = [\n    "var1",\n]' in text
+    assert 'exclude = ["var1"]' in text
     assert gradpipe.build(tomllib.loads(text)).to_toml() == text
     optimizer = pipe.keras_optimizer()
     again = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
