@@ -47,6 +47,9 @@ class Capabilities:
             variable that no update rule selects is an error, and so is a chain
             with none.
         after_update_rule: it must follow an update rule (decoupled weight decay).
+        before_update_rule: it changes the gradient an update rule reads, so one
+            must follow it (an L2 term, LARC's trust ratio): after the last rule it
+            would change the step instead.
         gradient_clipping: ``clip_before_reduce`` may run it on each replica's
             gradients before the reduction.
         conflicts: names of transforms it cannot share a pipeline with, each
@@ -55,6 +58,7 @@ class Capabilities:
 
     update_rule: bool = attrs.field(default=False, validator=_bool)
     after_update_rule: bool = attrs.field(default=False, validator=_bool)
+    before_update_rule: bool = attrs.field(default=False, validator=_bool)
     gradient_clipping: bool = attrs.field(default=False, validator=_bool)
     conflicts: dict[str, str] = attrs.field(factory=dict, converter=_conflicts)
 

@@ -44,6 +44,8 @@ class Collector:
 _BUILTIN_ALTERNATIVES = {
     (BUILTIN_DIST, "weight_decay"): "; for decay added to the gradient before the update "
                                     "rule, use 'l2'",
+    (BUILTIN_DIST, "l2"): "; for decay after the update rule (decoupled), use "
+                          "'weight_decay'",
 }
 
 
@@ -60,7 +62,8 @@ def check_chain(transforms: list[Link], out: Collector, complete: bool) -> None:
     """Rules between transforms, from the capabilities their plugins declared.
 
     ``conflicts = {name: reason}``: the transform cannot share a pipeline with
-    ``name``. ``after_update_rule``: it must follow an ``update_rule``. And the
+    ``name``. ``after_update_rule``: it must follow an ``update_rule``;
+    ``before_update_rule``: one must follow it. And the
     chain needs an update rule at all. ``complete`` says every table of the
     chain has a known kind; a chain with one unknown cannot be judged as a whole
     (the unknown one may be its rule).
@@ -80,6 +83,14 @@ def check_chain(transforms: list[Link], out: Collector, complete: bool) -> None:
                     f"(its plugin declares after_update_rule), so it must come after one: "
                     f"{where}{_BUILTIN_ALTERNATIVES.get((t.dist, t.name), '')}")
         seen_update_rule = seen_update_rule or t.capabilities.update_rule
+    at = [i for i, t in enumerate(transforms) if t.capabilities.update_rule]
+    for t in transforms[at[-1] + 1:] if at else []:
+        if t.capabilities.before_update_rule:
+            last = transforms[at[-1]]
+            out.add(f"{t.path}.kind", f"{t.name!r} changes the gradient an update rule reads "
+                    f"(its plugin declares before_update_rule), so one must come after it; "
+                    f"after the last rule it would change the step instead: move it above "
+                    f"{last.path} ({last.name!r}){_BUILTIN_ALTERNATIVES.get((t.dist, t.name), '')}")
     misplaced = any(t.capabilities.after_update_rule for t in transforms)
     if complete and transforms and not seen_update_rule and not misplaced:
         _no_update_rule(transforms, out)

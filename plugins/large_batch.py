@@ -212,7 +212,8 @@ def lars(cfg: LarsConfig) -> Transform:
 
 @hookimpl
 def gradpipe_register_transforms(register: Any) -> None:
-    register("larc", larc, LarcConfig, capabilities=Capabilities(conflicts={
+    register("larc", larc, LarcConfig, capabilities=Capabilities(before_update_rule=True,
+                                                                 conflicts={
         "clip_by_global_norm": "LARC and gradient norm clipping should not be used "
                                "together (OpenSeq2Seq raises AttributeError)"}))
     rule = Capabilities(update_rule=True)

@@ -98,6 +98,6 @@ def weight_decay(cfg: WeightDecayConfig) -> Transform:
 
 @hookimpl
 def gradpipe_register_transforms(register: Any) -> None:
-    register("l2", l2, L2Config)
+    register("l2", l2, L2Config, capabilities=Capabilities(before_update_rule=True))
     register("weight_decay", weight_decay, WeightDecayConfig,
              capabilities=Capabilities(after_update_rule=True))

@@ -245,6 +245,23 @@ def test_weight_decay_must_follow_update_rule():
     assert "use 'l2'" in message  # what a user of the built-in may have meant
 
 
+@pytest.mark.parametrize("kind, hint", [("l2", "use 'weight_decay'"), ("larc", "")])
+def test_a_gradient_transform_after_the_last_rule_is_an_error(kind, hint):
+    """l2 and larc change the gradient a rule reads: after the last rule they would
+    change the step (l2 would decay the weights by l2 * w, not scaled by the rate).
+    Between two groups' rules, with a rule after it, l2 is where it belongs."""
+    options = {"l2": {"l2": 0.5}, "larc": {"eta": 0.002, "mode": "scale"}}[kind]
+    with pytest.raises(ConfigError) as raised:
+        gradpipe.parse({"transforms": [{"kind": "sgd"}, {"kind": kind, **options}]})
+    message = str(raised.value)
+    assert (f"transforms[1].kind: '{kind}' changes the gradient an update rule reads "
+            "(its plugin declares before_update_rule)") in message
+    assert "move it above transforms[0] ('sgd')" in message and hint in message
+    gradpipe.parse({"transforms": [{"kind": "adam", "variables": ["head"]},
+                                   {"kind": kind, "exclude": ["head"], **options},
+                                   {"kind": "sgd", "exclude": ["head"]}]})
+
+
 @pytest.mark.parametrize("tables, others", [
     ([{"kind": "swa", "start_averaging": -1, "bogus": 3}, {"kind": "adam"}],
      ["transforms[0].start_averaging: must be >= 0", "transforms[0].bogus: unknown key"]),
