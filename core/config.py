@@ -161,7 +161,10 @@ class _SpecBuilder:
 
     def component(self, kind: str, table: Any, path: str) -> ComponentSpec | None:
         if not isinstance(table, Mapping):
-            self.out.add(path, f"must be a table with a 'kind' key, got {_type_name(table)}")
+            named = (f": write {path} = {{ kind = {toml_value(table)} }}"
+                     if isinstance(table, str) else "")
+            self.out.add(path, f"must be a table with a 'kind' key, got "
+                         f"{_type_name(table)}{named}")
             return None
         name = table.get("kind")
         if not isinstance(name, str) or not name:
@@ -248,8 +251,10 @@ class _SpecBuilder:
         if field.metadata.get(HYPER) or field.metadata.get(SCHEDULE):
             if isinstance(value, str):
                 if not value.startswith("@"):
+                    known = value in (self.raw_schedules or {})
                     raise Invalid(f"must be a number, '@name' or a schedule table, "
-                                  f"got string {value!r}")
+                                  f"got string {value!r}"
+                                  + (f" (did you mean '@{value}'?)" if known else ""))
                 name = value[1:]
                 if not name:
                     raise Invalid("'@' must be followed by the name of a schedule")

@@ -19,6 +19,7 @@ _OPTAX_NAMES = {"peak_value": ("learning_rate",),
                                "initial_learning_rate"),
                 "end_value": ("min_lr", "end"), "transition_steps": ("decay_steps", "steps"),
                 "transition_begin": ("begin_decay_at", "begin"), "max_norm": ("clip_norm",),
+
                 "max_delta": ("clip_value_max",)}
 # optax's schedules whose gradpipe kind is another name: the kind, and what differs
 _OPTAX_SCHEDULES = {
@@ -33,8 +34,13 @@ _OPTAX_SCHEDULES = {
     "warmup_exponential_decay_schedule": ("warmup", "with an ExponentialDecay after it"),
 }
 
-# optax's keys that gradpipe's table (one holding the first name) names otherwise, or lacks
-_OPTAX_KEYS = {
+# keys of optax, OpenSeq2Seq, TF1 and Keras that gradpipe's table (one holding the first
+# name) names otherwise, or lacks
+_OTHER_KEYS = {
+    "max_grad_norm": (("clip_norm", "did you mean 'clip_norm'? OpenSeq2Seq's max_grad_norm"),),
+    "scale": (("l2", "did you mean 'l2'? tf.contrib's l2_regularizer(scale)"),),
+    "dynamic_growth_steps": (("increment_period", "did you mean 'increment_period'? Keras's "
+                                                  "LossScaleOptimizer dynamic_growth_steps"),),
     "decay": (("rho", "did you mean 'rho'? optax's decay"),
               ("average_decay", "did you mean 'average_decay'? optax's ema decay")),
     "decay_rate": (("beta_2_decay", "optax's decay_rate is beta_2_decay = -decay_rate here, "
@@ -106,6 +112,37 @@ _OTHER_CLASSES = {
                                "variables = [\"regex\", ...]"),
     "extend_with_decoupled_weight_decay": ("weight_decay",
                                            "any rule, then a 'weight_decay' transform"),
+    # TF1's optimizers, and OpenSeq2Seq's names for them
+    "Momentum": ("sgd", "'sgd' with momentum (Keras's momentum: see docs/transforms.md)"),
+    "momentum": ("sgd", "'sgd' with momentum (Keras's momentum: see docs/transforms.md)"),
+    "MomentumOptimizer": ("sgd", "'sgd' with momentum (Keras's momentum: see "
+                                 "docs/transforms.md)"),
+    "GradientDescentOptimizer": ("sgd", "'sgd'"),
+    "AdamOptimizer": ("adam", "'adam' (Keras's epsilon, 1e-7; TF1's was 1e-8)"),
+    "RMSPropOptimizer": ("rmsprop", "'rmsprop' (TF1's decay is rho)"),
+    "AdagradOptimizer": ("adagrad", "'adagrad'"),
+    "l2_regularizer": ("l2", "'l2', a transform before the update rule"),
+    # automatic loss scaling, of a [loss_scale] table
+    "automatic": ("backoff", "'backoff' (OpenSeq2Seq's Backoff), 'logmax' or 'dynamic' "
+                             "(Keras's)"),
+}
+# OpenSeq2Seq's optimize_loss arguments, written as sections: where each goes here
+_OPENSEQ2SEQ_ARGUMENTS = {
+    "optimizer": "an update rule, a [[transforms]] table such as kind = \"sgd\"",
+    "optimizer_params": "the keys of the update rule's [[transforms]] table",
+    "lr_policy": "a [schedules.NAME] table (kind = \"poly_decay\", ...), then "
+                 "learning_rate = \"@NAME\" on the rule",
+    "lr_policy_params": "the keys of a [schedules.NAME] table",
+    "larc_params": "a [[transforms]] table with kind = \"larc\" before the rule",
+    "max_grad_norm": "a [[transforms]] table with kind = \"clip_by_global_norm\" and "
+                     "clip_norm",
+    "regularizer": "a [[transforms]] table with kind = \"l2\" before the rule",
+    "regularizer_params": "the l2 key of an l2 [[transforms]] table",
+    "loss_scaling": "a [loss_scale] table with kind = \"backoff\", \"logmax\" or "
+                    "\"fixed\"",
+    "dtype": "Keras's mixed_float16 policy in your code, and a [loss_scale] table",
+    "iter_size": "accumulation_steps in [pipeline]",
+    "summaries": "summaries in [pipeline]",
 }
 
 
@@ -137,7 +174,7 @@ def _named_elsewhere(word: str, names: list[str]) -> str | None:
     if _OTHER_NAMES.get(word) in names:  # 'b1' is nothing like 'beta_1' to difflib
         why = "optax's key" if word == "key" else "gradpipe keeps Keras's names"
         return f" (did you mean {_OTHER_NAMES[word]!r}? {why})"
-    found = next((hint for key, hint in _OPTAX_KEYS.get(word, ()) if key in names), None)
+    found = next((hint for key, hint in _OTHER_KEYS.get(word, ()) if key in names), None)
     if found:
         return f" ({found})"
     if "adam" in names:  # a kind of transform
@@ -158,6 +195,8 @@ def _named_elsewhere(word: str, names: list[str]) -> str | None:
         kind, differs = _OPTAX_SCHEDULES[word]
         return (f" (optax's {word} is kind = \"{kind}\"{', ' + differs if differs else ''}:"
                 " see docs/coming-from-optax.md)")
+    if word in _OPENSEQ2SEQ_ARGUMENTS and "pipeline" in names:  # the file's sections
+        return f" (OpenSeq2Seq's {word} is {_OPENSEQ2SEQ_ARGUMENTS[word]} here)"
     if _OPENSEQ2SEQ_NAMES.get(word) in names:
         return f" (did you mean {_OPENSEQ2SEQ_NAMES[word]!r}? OpenSeq2Seq's {word})"
     if word.startswith("larc_") and word[5:] in names:  # OpenSeq2Seq's larc_eta: eta

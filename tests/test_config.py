@@ -252,6 +252,29 @@ class TestErrors:
             gradpipe.parse({"transforms": [*rules, table]})
         assert hint in problems(info.value)[f"transforms[{len(rules)}].{key}"][1]
 
+    def test_openseq2seq_and_tf1_names_point_to_what_does_their_work(self):
+        with pytest.raises(ConfigError) as info:
+            gradpipe.parse({
+                "lr_policy": "poly_decay", "max_grad_norm": 1.0, "dtype": "mixed",
+                "loss_scale": "Backoff",
+                "schedules": {"lr": {"kind": "fixed_lr", "learning_rate": 0.1}},
+                "transforms": [{"kind": "MomentumOptimizer"},
+                               {"kind": "l2", "scale": 1e-4},
+                               {"kind": "sgd", "learning_rate": "lr"},
+                               {"kind": "clip_by_global_norm", "max_grad_norm": 1.0}]})
+        found = {path: message for path, (_, message) in problems(info.value).items()}
+        assert "a [schedules.NAME] table (kind = \"poly_decay\"" in found["lr_policy"]
+        assert 'kind = "clip_by_global_norm" and clip_norm' in found["max_grad_norm"]
+        assert "Keras's mixed_float16 policy in your code" in found["dtype"]
+        assert found["loss_scale"].endswith('write loss_scale = { kind = "Backoff" }')
+        assert "'sgd' with momentum" in found["transforms[0].kind"]
+        assert "did you mean 'l2'? tf.contrib's" in found["transforms[1].scale"]
+        assert "(did you mean '@lr'?)" in found["transforms[2].learning_rate"]
+        assert "did you mean 'clip_norm'?" in found["transforms[3].max_grad_norm"]
+        with pytest.raises(ConfigError, match="'backoff' \\(OpenSeq2Seq's Backoff\\)"):
+            gradpipe.parse({"loss_scale": {"kind": "automatic"},
+                            "transforms": [{"kind": "sgd"}]})
+
     def test_optax_pipeline_options_point_to_gradpipe_s(self):
         with pytest.raises(ConfigError) as info:
             gradpipe.parse({"pipeline": {"every_k_schedule": 4, "max_consecutive_errors": 5},
