@@ -76,6 +76,25 @@ def optimizer_class(pipeline_type: type) -> Any:
             else:
                 self.pipeline.learning_rate = value
 
+        @property
+        def loss_scale_factor(self) -> float:
+            # the pipeline scales the loss (scale_loss below); not None, which Keras's
+            # __setattr__ would take for "unchanged" when a LossScaleOptimizer sets None
+            return 1.0
+
+        @loss_scale_factor.setter
+        def loss_scale_factor(self, value: Any) -> None:
+            # Keras's Optimizer.__init__ sets it before the pipeline is attached; a
+            # LossScaleOptimizer that wraps this one sets it again
+            if getattr(self, "pipeline", None) is not None:
+                raise GradpipeError(
+                    "a LossScaleOptimizer cannot wrap gradpipe's Keras optimizer: the "
+                    "pipeline scales the loss and unscales the gradients itself, so each "
+                    "gradient would be divided by both scales. Pass "
+                    "pipe.keras_optimizer() to compile as it is; to choose the scaling, "
+                    "give the pipeline a [loss_scale] table (kind = \"dynamic\" is "
+                    "Keras's)")
+
         def scale_loss(self, loss: Any) -> Any:
             # fit's train step scales the loss before the step's first apply builds
             # the pipeline: the loss scale compile() would add must exist already
