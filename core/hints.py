@@ -2,8 +2,9 @@
 
 A near miss gets the closest known name (``adma``: ``adam``). A name that
 another library uses gets what gradpipe calls it, or why it is not one key:
-Keras's and optax's argument names, optax's schedules, TF Addons' classes,
-OpenSeq2Seq's keys, and options that are a transform of their own here.
+Keras's and optax's argument names, optax's schedules and transformations,
+TF Addons' and TF1's classes, OpenSeq2Seq's keys and ``optimize_loss``
+arguments, and options that are a transform of their own here.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ _OPTAX_NAMES = {"peak_value": ("learning_rate",),
                                "initial_learning_rate"),
                 "end_value": ("min_lr", "end"), "transition_steps": ("decay_steps", "steps"),
                 "transition_begin": ("begin_decay_at", "begin"), "max_norm": ("clip_norm",),
-
                 "max_delta": ("clip_value_max",)}
 # optax's schedules whose gradpipe kind is another name: the kind, and what differs
 _OPTAX_SCHEDULES = {
@@ -33,6 +33,9 @@ _OPTAX_SCHEDULES = {
     "join_schedules": ("sequence", ""),
     "warmup_exponential_decay_schedule": ("warmup", "with an ExponentialDecay after it"),
 }
+
+_PER_GROUP = "one update rule per variable group, each with variables = [\"regex\", ...]"
+_MOMENTUM = "'sgd' with momentum (Keras's momentum: see docs/transforms.md)"
 
 # keys of optax, OpenSeq2Seq, TF1 and Keras that gradpipe's table (one holding the first
 # name) names otherwise, or lacks
@@ -72,9 +75,8 @@ _OPTAX_KINDS = {
     "MultiSteps": "[pipeline] accumulation_steps = k",
     "apply_if_finite": "[pipeline] check_updates = true, the default: a non-finite step "
                        "changes nothing",
-    "multi_transform": "one update rule per variable group, each with variables = "
-                       "[\"regex\", ...]",
-    "partition": "one update rule per variable group, each with variables = [\"regex\", ...]",
+    "multi_transform": _PER_GROUP,
+    "partition": _PER_GROUP,
     "masked": "a table's variables or exclude = [\"regex\", ...]",
     "inject_hyperparams": "every float key takes a schedule (\"@name\"), and "
                           "pipe.learning_rate = x sets the rate while training",
@@ -108,15 +110,13 @@ _OTHER_CLASSES = {
     "RectifiedAdam": ("radam", "'radam'"),
     "LazyAdam": ("adam", "'adam' with lazy = true"),
     "SGDW": ("sgd", "'sgd', then a 'weight_decay' transform"),
-    "MultiOptimizer": ("adam", "one update rule per variable group, each with "
-                               "variables = [\"regex\", ...]"),
+    "MultiOptimizer": ("adam", _PER_GROUP),
     "extend_with_decoupled_weight_decay": ("weight_decay",
                                            "any rule, then a 'weight_decay' transform"),
     # TF1's optimizers, and OpenSeq2Seq's names for them
-    "Momentum": ("sgd", "'sgd' with momentum (Keras's momentum: see docs/transforms.md)"),
-    "momentum": ("sgd", "'sgd' with momentum (Keras's momentum: see docs/transforms.md)"),
-    "MomentumOptimizer": ("sgd", "'sgd' with momentum (Keras's momentum: see "
-                                 "docs/transforms.md)"),
+    "Momentum": ("sgd", _MOMENTUM),
+    "momentum": ("sgd", _MOMENTUM),
+    "MomentumOptimizer": ("sgd", _MOMENTUM),
     "GradientDescentOptimizer": ("sgd", "'sgd'"),
     "AdamOptimizer": ("adam", "'adam' (Keras's epsilon, 1e-7; TF1's was 1e-8)"),
     "RMSPropOptimizer": ("rmsprop", "'rmsprop' (TF1's decay is rho)"),
