@@ -94,6 +94,10 @@ _OF_A_KIND = {("weight_decay", "lamb"): "Keras's Lamb decays so; optax's and TF 
                                          "decay inside the trust ratio, which is not "
                                          "expressible"}
 
+# OpenSeq2Seq's summaries with no scalar here (in a list of summaries)
+_OPENSEQ2SEQ_SUMMARIES = ("gradients", "gradient_norm", "variables", "variable_norm",
+                          "larc_summaries")
+
 # OpenSeq2Seq's keys that gradpipe names otherwise (and larc_params' larc_ prefix)
 _OPENSEQ2SEQ_NAMES = {"iter_size": "accumulation_steps"}
 # TF Addons' RectifiedAdam's warm-up and decay arguments: a learning_rate schedule here
@@ -195,6 +199,10 @@ def _named_elsewhere(word: str, names: list[str]) -> str | None:
         kind, differs = _OPTAX_SCHEDULES[word]
         return (f" (optax's {word} is kind = \"{kind}\"{', ' + differs if differs else ''}:"
                 " see docs/coming-from-optax.md)")
+    if word in _OPENSEQ2SEQ_SUMMARIES and "update_ratios" in names:
+        return (" (OpenSeq2Seq's, per variable: no scalar here; global_gradient_norm is "
+                "all gradients together, update_ratios each variable's step over its "
+                "weights)")
     if word in _OPENSEQ2SEQ_ARGUMENTS and "pipeline" in names:  # the file's sections
         return f" (OpenSeq2Seq's {word} is {_OPENSEQ2SEQ_ARGUMENTS[word]} here)"
     if _OPENSEQ2SEQ_NAMES.get(word) in names:

@@ -194,7 +194,9 @@ class TestErrors:
         assert not found["pipeline.iter_size"][1].endswith("kind")  # no kind in [pipeline]
         assert "did you mean 'eta'?" in found["transforms[0].larc_eta"][1]
         assert found["pipeline.summaries"][1].endswith(
-            "unknown: 'larc_summaries', 'learning_rates' (did you mean 'learning_rate'?)")
+            "unknown: 'larc_summaries' (OpenSeq2Seq's, per variable: no scalar here; "
+            "global_gradient_norm is all gradients together, update_ratios each variable's "
+            "step over its weights), 'learning_rates' (did you mean 'learning_rate'?)")
 
     @pytest.mark.parametrize("kind, hint", [
         ("RectifiedAdam", "RectifiedAdam is 'radam' here"),
