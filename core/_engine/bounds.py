@@ -36,7 +36,7 @@ from .intervals import (
     structure,
     within_norm,
 )
-from .scalar_values import own_values, same_value
+from .scalar_values import after_inputs, own_values, same_value
 
 
 class Bounded(NamedTuple):
@@ -79,41 +79,44 @@ def bound_outputs(outputs: Sequence[Any], known: dict[Any, Interval],
 
     for interval in known.values():  # an infinite input fails too
         check(interval, tf.float32)
-    for output in outputs:
-        stack = [output]
-        while stack:
-            x = stack[-1]
-            if x.ref() in memo:
-                stack.pop()
-                continue
-            weight = weights.get(x.op.inputs[0].ref()) if x.op.type == "ReadVariableOp" \
-                else None
-            if weight is not None:  # a weight whose interval the step gave
-                memo[x.ref()] = weight
-                check(weight, tf.float32)
-                stack.pop()
-                continue
+    def weight_of(x: Any) -> Interval | None:
+        """A weight whose interval the step gave, where ``x`` reads one."""
+        return weights.get(x.op.inputs[0].ref()) if x.op.type == "ReadVariableOp" else None
+
+    planned: dict[Any, tuple[Any, Any, list[Any]]] = {}  # x -> own value, key, inputs
+
+    def inputs_of(x: Any) -> list[Any]:
+        if weight_of(x) is not None:
+            return []
+        if x.ref() not in planned:
             own = own_value(x)
             key, deps = structure(x, own)
             if key is None and own:
                 key = ("scalar", same_value(x, scalars))
-            missing = [d for d in deps if d.ref() not in memo]
-            if missing:
-                stack.extend(missing)
-                continue
-            given = [memo[d.ref()] for d in deps]
+            planned[x.ref()] = own, key, deps
+        return planned[x.ref()][2]
+
+    def bound(x: Any) -> Interval:
+        weight = weight_of(x)
+        if weight is not None:
+            check(weight, tf.float32)
+            return weight
+        own, key, deps = planned.pop(x.ref())
+        given = [memo[d.ref()] for d in deps]
+        if key is not None:
+            key += tuple(id(i) for i in given)
+        found = same.get(key) if key is not None else None
+        if found is None:
+            found, domain = interval_of(x, given, memo, values, own)
+            required.extend(domain)
             if key is not None:
-                key += tuple(id(i) for i in given)
-            found = same.get(key) if key is not None else None
-            if found is None:
-                found, domain = interval_of(x, given, memo, values, own)
-                required += domain
-                if key is not None:
-                    same[key] = found
-            memo[x.ref()] = found
-            if x.dtype.is_floating:
-                check(found, x.dtype)
-            stack.pop()
+                same[key] = found
+        if x.dtype.is_floating:
+            check(found, x.dtype)
+        return found
+
+    for output in outputs:
+        after_inputs(output, memo, inputs_of, bound)
     xla = in_xla_function()
     for limit, (los, his) in ends.items():  # compared one by one: a NaN fails
         # in XLA each end on its own (see all_true), else each list as one vector

@@ -38,7 +38,7 @@ def own_values(by_value: bool) -> Callable[[Any], bool]:
                 or any(seen[i.ref()] for i in inputs))
 
     return lambda x: x.shape.num_elements() == 1 and (
-        by_value or not _after_inputs(x, seen, scalar_inputs, from_a_tensor))
+        by_value or not after_inputs(x, seen, scalar_inputs, from_a_tensor))
 
 
 def taken_as_values(tensors: Sequence[Any], own_value: Callable[[Any], bool]) -> list[Any]:
@@ -90,10 +90,10 @@ def same_value(x: Any, keys: dict[Any, Any]) -> int:
                    tuple(keys[i.ref()] for i in inputs))
         return keys.setdefault(("number", key), len(keys))
 
-    return int(_after_inputs(x, keys, pure_inputs, key_of))
+    return int(after_inputs(x, keys, pure_inputs, key_of))
 
 
-def _after_inputs(x: Any, done: dict[Any, Any], inputs: Callable[[Any], list[Any]],
+def after_inputs(x: Any, done: dict[Any, Any], inputs: Callable[[Any], list[Any]],
                   compute: Callable[[Any], Any]) -> Any:
     """``done[x.ref()]``, set to ``compute(t)`` for ``x`` and each tensor it depends on
     through ``inputs``, after theirs (``compute`` reads them from ``done``). With a
