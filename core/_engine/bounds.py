@@ -182,6 +182,16 @@ def largest_element(tensor: Any) -> Any:
     return recorded[id(tensor)][1].hi if id(tensor) in recorded else tf.reduce_max(tensor)
 
 
+def largest_magnitude_element(tensor: Any) -> Any:
+    """The largest magnitude among a transform's state ``tensor``'s elements (a first
+    moment's, of either sign): from the interval the step recorded for it
+    (``record_state``), else read now."""
+    recorded = current_context().shared.get("intervals", {})
+    if id(tensor) in recorded:
+        return largest_magnitude(recorded[id(tensor)][1])
+    return tf.reduce_max(tf.abs(tensor))
+
+
 def record_state(tensors: Sequence[Any], held: Interval) -> None:
     """Remember that every element of ``tensors`` (a transform's state) lies in ``held``."""
     current_context().shared.setdefault("intervals", {}).update({id(t): (t, held) for t in tensors})

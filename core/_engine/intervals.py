@@ -308,6 +308,12 @@ def largest_element_of(tensors: Sequence[Any]) -> Any:
     return tf.reduce_max(tf.stack([_f(tf.reduce_max(t)) for t in tensors]))
 
 
+def largest_magnitude_of(tensors: Sequence[Any]) -> Any:
+    """The largest magnitude among ``tensors``' elements, in float32 (one pass over
+    each): for a state its maths keeps non-negative, its largest element."""
+    return tf.reduce_max(tf.stack([_f(tf.reduce_max(tf.abs(t))) for t in tensors]))
+
+
 def within_norm(squared: Any) -> Interval:
     """An interval holding every element of tensors whose sum of squares is
     ``squared`` (widened by more than the rounding of the sum and the root)."""

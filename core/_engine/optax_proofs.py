@@ -63,7 +63,7 @@ from typing import Any
 
 from ..fields import is_constant
 from ..transform import hyper
-from .bounds import squared_bound, weight_norm_bound
+from .bounds import largest_magnitude_element, squared_bound, weight_norm_bound
 from .proofs import (
     FLOAT32_BOUND,
     LARGEST_ELEMENT,
@@ -162,11 +162,11 @@ def _proof(config: Any, direction: float, reads: Reads | None = None) -> Prove:
 
 
 def _largest(inputs: list[Any], leaves: list[Any]) -> Any:
-    """The largest absolute element of ``leaves`` (a state's, one per input) whose input
-    is given, in float64; 0 where none is."""
+    """The largest magnitude among ``leaves``' elements (a state's, one per input) whose
+    input is given, in float64; 0 where none is."""
     import tensorflow as tf
 
-    present = [tf.cast(tf.reduce_max(tf.abs(t)), tf.float64)
+    present = [tf.cast(largest_magnitude_element(t), tf.float64)
                for g, t in zip(inputs, leaves) if g is not None]
     return tf.reduce_max(tf.stack(present)) if present else tf.constant(0.0, tf.float64)
 

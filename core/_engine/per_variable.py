@@ -37,7 +37,7 @@ from ..names import variable_path
 from ..tensors import all_finite
 from ..transform import build_scope, record_squared_norm, squared_norm, sum_of_squares
 from .bounds import held_state
-from .intervals import Interval, largest_element_of, state_range, within_norm
+from .intervals import Interval, largest_magnitude_of, state_range, within_norm
 from .one_variable import OneVariableState, one_variable_structure
 from .separable import variables_read
 from .writes import assign
@@ -178,8 +178,8 @@ class PerVariable:
               ) -> list[list[list[Any]]]:
         """The intervals the state of group ``first`` lies in: per transform, per leaf,
         the leaf's norm or range (``Guard.ranges``) over the group's ``members``, or,
-        for a proof, ``[0, largest element]`` (a proof reads only the largest, of a
-        state its maths keeps non-negative); zeros where the guard reads no state."""
+        for a proof, within its largest magnitude, all a proof reads (``bounds``'
+        ``largest_element``, ``largest_magnitude_element``); zeros where none is read."""
         guard = self._step.guard
         reads = self._guards[first].held
         held = self._interval_specs(first, tf.constant(0.0))
@@ -193,7 +193,7 @@ class PerVariable:
                 if not leaves[0].dtype.is_floating:
                     continue
                 if guard.proofs[i] is not None:
-                    held[i][k] = [tf.constant(0.0), largest_element_of(leaves)]
+                    held[i][k] = [-(most := largest_magnitude_of(leaves)), most]
                 else:
                     held[i][k] = list(state_range(leaves) if guard.ranges(i, k)
                                       else held_state(leaves, [False] * len(leaves))[0])
