@@ -73,8 +73,8 @@ from .proofs import (
     sparse_or_narrow,
 )
 from .rate_proofs import (
-    LEAST_ONE_MINUS_BETA,
     below_one,
+    constant_betas,
     forgets_slower,
     infinity_norm_k,
     per_rate,
@@ -111,13 +111,6 @@ def _provable(config: Any, direction: Callable[[Any], float]) -> bool:
         return False
     lr = config.learning_rate
     return max(1.0, abs(lr) if is_constant(lr) else 1.0) * direction(config) < FLOAT32_BOUND
-
-
-def _constant_betas(config: Any, *names: str) -> bool:
-    """Constant betas whose ``1 - beta`` is at least ``2**-22`` in float32: ``1 -
-    beta**t`` then stays at least half of ``1 - beta``."""
-    return all(is_constant(b) and float32(1.0 - float32(b)) >= LEAST_ONE_MINUS_BETA
-               for b in (getattr(config, n) for n in names))
 
 
 def decays_weights(config: Any) -> bool:
@@ -197,7 +190,7 @@ def nadamw_proof(config: Any) -> Prove:
 
 
 def adan_provable(config: Any) -> bool:
-    return _constant_betas(config, "beta_1", "beta_2", "beta_3") and _provable(
+    return constant_betas(config, "beta_1", "beta_2", "beta_3") and _provable(
         config, _adan_direction)
 
 
@@ -215,7 +208,7 @@ def adan_proof(config: Any) -> Prove:
 
 
 def adabelief_provable(config: Any) -> bool:
-    return _constant_betas(config, "beta_1", "beta_2") and _provable(
+    return constant_betas(config, "beta_1", "beta_2") and _provable(
         config, _adabelief_direction)
 
 

@@ -135,8 +135,7 @@ def forgets_slower(config: Any) -> bool:
     beta_1 / beta_2)`` whatever gradients came before (``u >= beta_2**j |g|`` for the
     gradient of ``j`` steps ago, weighted ``(1 - beta_1) beta_1**j`` in ``m``)."""
     b1, b2 = config.beta_1, config.beta_2
-    return (is_constant(b1) and is_constant(b2) and float32(b1) < float32(b2)
-            and float32(1.0 - float32(b1)) >= LEAST_ONE_MINUS_BETA)
+    return constant_betas(config, "beta_1") and is_constant(b2) and float32(b1) < float32(b2)
 
 
 def infinity_norm_k(config: Any) -> float:
@@ -204,12 +203,17 @@ def _amsgrad_k(config: Any) -> float:
     return 2.0 * LARGEST_ELEMENT / config.epsilon
 
 
+def constant_betas(config: Any, *names: str) -> bool:
+    """Constant betas (``config``'s ``names``) whose ``1 - beta`` is at least ``2**-22``
+    in float32: ``1 - beta**t`` then stays at least half of ``1 - beta``."""
+    return all(is_constant(b) and float32(1.0 - float32(b)) >= LEAST_ONE_MINUS_BETA
+               for b in (getattr(config, n) for n in names))
+
+
 def _betas_and_epsilon(config: Any) -> bool:
-    """Constant betas whose ``1 - beta`` is at least ``2**-22`` in float32, and a normal
-    float32 ``epsilon``: the denominator of an Adam-like step stays at least epsilon and
-    its ``1 - beta_1**t`` at least half of ``1 - beta_1``."""
-    return (all(is_constant(b) and float32(1.0 - float32(b)) >= LEAST_ONE_MINUS_BETA
-                for b in (config.beta_1, config.beta_2))
+    """``constant_betas`` and a normal float32 ``epsilon``: the denominator of an
+    Adam-like step stays at least epsilon."""
+    return (constant_betas(config, "beta_1", "beta_2")
             and float32(config.epsilon) >= LEAST_EPSILON)
 
 
