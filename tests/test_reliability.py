@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import attrs
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -185,6 +186,70 @@ def test_a_proof_never_applies_a_step_the_check_skips(rule, scheduled, clip, gra
         # in-place kernel against the functional ops), which cancellation can
         # magnify, and a weight that overflows from finite updates does so on both.
         np.testing.assert_array_equal(np.isfinite(weights), np.isfinite(reference))
+
+
+@attrs.frozen(kw_only=True)
+class _ScaleConfig:
+    factor: float = 1.0
+
+
+def _scale(cfg):
+    """A third party's transform that multiplies its input by ``factor``: its bound,
+    from its input's, fails exactly where a large enough input overflows."""
+    return gradpipe.Transform(gradpipe.no_state, lambda grads, state, variables: (
+        [None if g is None else g * cfg.factor for g in grads], state))
+
+
+@pytest.mark.slow
+@settings(max_examples=20, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(rule=PROVED, factor=st.sampled_from([1.0, 1e10, 1e20, 1e30]),
+       grads=st.lists(st.lists(EXTREME_ELEMENTS, min_size=3, max_size=3),
+                      min_size=2, max_size=5),
+       weights=st.lists(EXTREME_ELEMENTS, min_size=3, max_size=3))
+def test_a_bound_from_a_proofs_bound_never_applies_a_step_the_check_skips(rule, factor, grads,
+                                                                         weights):
+    """A proof bounds every element of its rule's updates, and a transform after it
+    takes its input within that bound, reading none of it. From the same state, a
+    step that bound applies is one the transform's bound from its input's own norm
+    (after the rule's checked copy) applies too."""
+    register_transform("scale_by_factor", _scale, _ScaleConfig)
+    follower = {"kind": "scale_by_factor", "factor": factor}
+    runs = []
+    for kind in (rule["kind"], checked_copy(rule["kind"])):
+        var = tf.Variable(np.array(weights, "f4"))
+        # compiled: an uncompiled step this small checks instead of bounding
+        pipe = gradpipe.build({"pipeline": {"jit_compile": True},
+                               "transforms": [{**rule, "kind": kind}, follower]})
+        pipe.build([var])
+        if kind == rule["kind"] and "its input's bound (from" not in pipe.plan.checks[-1]:
+            return  # not proved, or a proof that bounds no update: nothing new here
+        runs.append([(bool(pipe.apply_gradients([(tf.constant(g, tf.float32), var)])),
+                      var.numpy().copy()) for g in grads])
+    for (by_proof, weights), (by_check, reference) in zip(*runs):
+        if by_proof != by_check:  # from here on the states differ
+            assert not by_proof, "a bound from a proof's applied a non-finite step"
+            break
+        np.testing.assert_array_equal(np.isfinite(weights), np.isfinite(reference))
+
+
+def test_a_step_past_the_bound_of_rprops_step_sizes_is_skipped_after_it():
+    """rprop's step is a step size times a sign, its sizes growing from its rate to
+    their limit: the transform after it takes its input within that limit, not within
+    the rate. Steps of 0.01, 1e28 and 1e30, scaled by 1e10: the third overflows."""
+    register_transform("scale_by_factor", _scale, _ScaleConfig)
+    rule = {"learning_rate": 0.01, "eta_plus": 1e30, "max_step_size": 1e30}
+    runs = []
+    for kind in ("rprop", checked_copy("rprop")):
+        var = tf.Variable(np.ones(3, "f4"))
+        pipe = gradpipe.build({"pipeline": {"jit_compile": True}, "transforms": [
+            {**rule, "kind": kind}, {"kind": "scale_by_factor", "factor": 1e10}]})
+        runs.append(([bool(pipe.apply_gradients([(tf.ones(3), var)])) for _ in range(3)],
+                     var.numpy(), pipe.plan))
+    assert "its input's bound (from rprop at transforms[0])" in runs[0][2].checks[-1]
+    assert runs[0][0] == runs[1][0] == [True, True, False]
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    assert np.isfinite(runs[0][1]).all()
 
 
 def _in_process_plugin(name, factory, config=None, kernel=None, update_rule=False):

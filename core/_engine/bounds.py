@@ -34,6 +34,7 @@ from .intervals import (
     limit_of,
     state_range,
     structure,
+    within_largest,
     within_norm,
 )
 from .scalar_values import after_inputs, own_values, same_value
@@ -135,6 +136,31 @@ def record_bounds(magnitudes: dict[int, Any], tensors: Sequence[Any]) -> None:
     for t in tensors:
         if t is not None and id(t) in magnitudes:
             bounds[id(t)] = (t, magnitudes[id(t)])  # the tensor keeps its id alive
+
+
+def record_largest(tensors: Sequence[Any], largest: Any) -> None:
+    """Remember that every element of ``tensors`` (a proved transform's updates) lies
+    within ``largest`` of 0, for a later transform's bound (``input_interval``). Not
+    for ``squared_bound``: a proof's bound may be past 2**64, whose square overflows,
+    where the later transform's proof would fail on the inputs' own finite norm."""
+    if not tf.is_tensor(largest):  # a number past float32 becomes inf, failing its bound
+        largest = tf.constant(largest, tf.float64)
+    largest = tf.cast(largest, tf.float32)
+    current_context().shared.setdefault("largest", {}).update(
+        {id(t): (t, largest) for t in tensors if t is not None})
+
+
+def input_interval(tensors: Sequence[Any]) -> Interval:
+    """An interval holding every element of ``tensors``, a transform's inputs: within
+    the largest magnitude recorded for them (by the bound or the proof of the
+    transform before, or the step's for its gradients: no pass), else within their
+    norm (``squared_bound``)."""
+    shared = current_context().shared
+    recorded = {**shared.get("bounds", {}), **shared.get("largest", {})}
+    present = [t for t in tensors if t is not None]
+    if present and all(id(t) in recorded for t in present):
+        return within_largest(tf.reduce_max(tf.stack([recorded[id(t)][1] for t in present])))
+    return within_norm(squared_bound(tensors))
 
 
 def squared_bound(tensors: Sequence[Any]) -> Any:

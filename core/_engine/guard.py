@@ -21,9 +21,9 @@ from ..spec import PipelineSpec
 from ..tensors import all_finite
 from ..transform import BuildContext, build_scope
 from .answers import remembered
-from .bounds import bound_outputs, held_state, record_bounds, squared_bound
-from .intervals import Unbounded, within_norm
-from .proofs import CheckedWhereItFails, Prove
+from .bounds import bound_outputs, held_state, input_interval, record_bounds, record_largest
+from .intervals import Unbounded
+from .proofs import CheckedWhereItFails, Prove, Proved
 from .scalar_values import own_values, taken_as_values
 from .state_reads import (
     BY_NORM,
@@ -80,6 +80,9 @@ class Guard:
         required = prove(inputs, lambda: old, variables) if prove is not None and (
             bounds or not as_bound) else None
         kind = "bounded" if as_bound else "proved"
+        if isinstance(required, Proved):  # its updates' bound, for a later transform's
+            required, largest = required
+            record_largest(outputs, largest)
         if required is None and bounds and i in self.bounded:
             required = bounded_outputs(inputs, old, outputs, state, self.ranged.get(i, False),
                                        by_value=i in self.valued)
@@ -111,6 +114,8 @@ class Guard:
         nothing for them: an in-place kernel writes before a check could run)."""
         prove = self.proofs[i]
         scalars = prove(inputs, read_state, variables) if prove is not None else None
+        if isinstance(scalars, Proved):
+            scalars = scalars.required
         return scalars if scalars is not None else [tf.constant(False)]
 
     def chain_finite(self, required: list[Any], recheck: Callable[[], list[Any]],
@@ -168,7 +173,7 @@ def _bounded(inputs: list[Any], old: Any, outputs: list[Any], state: Any,
     known = {}
     if present:
         # the same list as the step's (its norm is recorded under its tensors' ids)
-        gradients = within_norm(squared_bound([g if g is None else value(g) for g in inputs]))
+        gradients = input_interval([g if g is None else value(g) for g in inputs])
         known = {g.ref(): gradients for g in present}
     if before:  # one read of the state, unless the step has read it already
         positions = leaf_positions(old, len(inputs)) if not isinstance(ranged, bool) else {}

@@ -314,6 +314,13 @@ def largest_magnitude_of(tensors: Sequence[Any]) -> Any:
     return tf.reduce_max(tf.stack([_f(tf.reduce_max(tf.abs(t))) for t in tensors]))
 
 
+def within_largest(largest: Any) -> Interval:
+    """An interval holding every element of tensors whose largest magnitude is at most
+    ``largest`` (widened as ``within_norm``: a root of a sum may be that largest)."""
+    bound = _f(largest) * _WIDEN
+    return Interval(-bound, bound)
+
+
 def within_norm(squared: Any) -> Interval:
     """An interval holding every element of tensors whose sum of squares is
     ``squared`` (widened by more than the rounding of the sum and the root)."""

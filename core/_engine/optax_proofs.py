@@ -69,6 +69,7 @@ from .proofs import (
     LARGEST_ELEMENT,
     LEAST_EPSILON,
     Prove,
+    Proved,
     float32,
     sparse_or_narrow,
 )
@@ -134,22 +135,24 @@ def _proof(config: Any, direction: float, reads: Reads | None = None) -> Prove:
     per_step = decay is not None or not is_constant(config.learning_rate) or reads is not None
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
+              ) -> Proved | None:
         if sparse_or_narrow(inputs):
             return None
         required, factor = [squared_bound(inputs)], 1.0
         if reads is not None:
             more, factor = reads(inputs, read_state())
             required += more
-        if per_step:  # in float64, compared with float32's maximum: NaN/Inf fail too
-            bound: Any = direction * tf.cast(factor, tf.float64)
-            present = [v for g, v in zip(inputs, variables) if g is not None]
-            if decay is not None and present:
-                weights = tf.cast(weight_norm_bound(present), tf.float64)
-                bound += tf.abs(tf.cast(decay(), tf.float64)) * weights
-            rate = tf.maximum(tf.abs(tf.cast(lr(), tf.float64)), 1.0)
-            required.append(rate * bound < FLOAT32_BOUND)
-        return required
+        if not per_step:  # a constant rate, no decay: proved at build
+            return Proved(required, 2 * max(abs(config.learning_rate), 1.0) * direction)
+        # in float64, compared with float32's maximum: NaN/Inf fail too
+        bound: Any = direction * tf.cast(factor, tf.float64)
+        present = [v for g, v in zip(inputs, variables) if g is not None]
+        if decay is not None and present:
+            weights = tf.cast(weight_norm_bound(present), tf.float64)
+            bound += tf.abs(tf.cast(decay(), tf.float64)) * weights
+        step = tf.maximum(tf.abs(tf.cast(lr(), tf.float64)), 1.0) * bound
+        required.append(step < FLOAT32_BOUND)
+        return Proved(required, 2 * step)  # twice: the rounding of the step's maths
 
     return prove
 

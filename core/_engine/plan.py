@@ -25,7 +25,7 @@ from ..distribute import is_parameter_server
 from ..errors import GradpipeError
 from ..spec import PipelineSpec
 from ..transform import accelerator_visible
-from .proof_table import proof_summary
+from .proof_table import bounds_updates, proof_summary
 from .state_reads import Ranged, is_bounded, ranged_leaves, read_text, takes_values
 from .summaries import writer_may_record
 from .xla_pays import distinct_shapes, xla_pays
@@ -156,7 +156,10 @@ def _checks(spec: PipelineSpec, proved: list[bool], pre_reduce: tuple[int, ...],
                 ranged.append((i, leaves))
             if takes_values(why):
                 valued.append(i)
-            out.append(where + f"bounded: its traced maths, from {read_text(why)} "
+            before = spec.transforms[i - 1] if i else None
+            given = (f"{before.name} at {before.path}" if before is not None and (
+                i - 1 in bounded or bounds_updates(before)) else "")
+            out.append(where + f"bounded: its traced maths, from {read_text(why, given)} "
                                "(checked where a bound fails)")
         else:
             reason = f" ({why})" if how_bounded is not None else ""

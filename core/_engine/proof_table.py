@@ -51,6 +51,7 @@ from .rate_proofs import (
     amsgrad_provable,
     nadam_proof,
     nadam_provable,
+    rprop_proof,
     rprop_provable,
     sign_proof,
     sign_provable,
@@ -130,8 +131,8 @@ _PROOFS: dict[str, _Proof] = {
     "radam": _Proof(radam_provable, lambda c: CheckedWhereItFails(radam_proof(c))),
     "sign_sgd": _Proof(sign_provable, lambda c: CheckedWhereItFails(sign_proof(c))),
     "signum": _Proof(sign_provable, lambda c: CheckedWhereItFails(sign_proof(c, "beta"))),
-    # a step size times a sign: at its constant rate, sign_proof reads the input alone
-    "rprop": _Proof(rprop_provable, lambda c: CheckedWhereItFails(sign_proof(c))),
+    # a step size times a sign: at its constant rate, its proof reads the input alone
+    "rprop": _Proof(rprop_provable, lambda c: CheckedWhereItFails(rprop_proof(c))),
     # a multiple of its rate, and its second moment's largest element
     "amsgrad": _Proof(amsgrad_provable, lambda c: CheckedWhereItFails(amsgrad_proof(c)),
                       reads=(_LARGEST_STATE,)),
@@ -153,6 +154,11 @@ _PROOFS: dict[str, _Proof] = {
 }
 #: gradpipe's own transforms whose outputs can be proved finite (their configs permitting)
 PROVED = tuple(_PROOFS)
+#: those whose proof bounds every element of their updates (``proofs.Proved``): a
+#: bounded transform after one takes its inputs within that bound, reading nothing
+BOUND_THEIR_UPDATES = frozenset(PROVED) - {
+    "clip_by_global_norm",  # its output's norm is known: no pass either
+    "lamb", "adafactor", "fromage", "conditional_gradient", "proximal_adagrad"}
 
 
 def proof_summary(name: str, config: Any) -> str:
@@ -170,6 +176,11 @@ def provable(spec: ComponentSpec, config: Any = None) -> bool:
     the spec's own, for a learning rate set while training)."""
     proof = _PROOFS.get(spec.name) if spec.dist == BUILTIN_DIST else None
     return proof is not None and proof.provable(spec.config if config is None else config)
+
+
+def bounds_updates(spec: ComponentSpec) -> bool:
+    """Whether ``spec``'s proof bounds every element of its updates (where it holds)."""
+    return spec.name in BOUND_THEIR_UPDATES and provable(spec)
 
 
 def proof_for(spec: ComponentSpec) -> Prove | None:

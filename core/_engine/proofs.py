@@ -50,6 +50,13 @@ proof.
 
 As for ``adam``'s second moment, a proof takes the state the engine wrote (or
 restored) as its maths leaves it: an average of squares is not negative.
+A proof that knows a bound of every element of its updates returns it beside
+its requirements (``Proved``; twice the bound it requires, for the rounding of
+the step's maths): a transform after it whose maths the engine bounds takes
+its inputs within it, with no pass over them (an average of the weights after
+``adam`` reads nothing of adam's step). ``proof_table.BOUND_THEIR_UPDATES``
+names them.
+
 Proofs are never taken from a plugin: a plugin's word that its outputs are
 finite could be wrong, and a wrong one would write NaN into the weights. The
 tests hold each proof against adversarial gradients.
@@ -60,7 +67,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..fields import is_constant
 from ..transform import hyper
@@ -73,10 +80,27 @@ FLOAT32_BOUND = 3.4e38
 #: the largest Adam step size a schedule is assumed to reach (lr 1, beta_1 0.999)
 SCHEDULED_ALPHA_BOUND = 1e3
 
+class Proved(NamedTuple):
+    """What a proof that bounds its updates returns: the scalars under which its
+    outputs are finite, and a bound of every element of its updates (a number or a
+    float scalar) under them. A transform after it whose maths the engine bounds
+    takes its inputs within that bound, without reading them."""
+
+    required: list[Any]
+    largest: Any
+
+
 #: ``prove(inputs, read_state, variables) -> scalars`` that must be finite (booleans:
-#: true) for the outputs to be finite, or ``None`` where this trace cannot be proved
-#: (then checked).
-Prove = Callable[[list[Any], Callable[[], Any], list[Any]], "list[Any] | None"]
+#: true) for the outputs to be finite (or ``Proved``: those, and the updates' bound),
+#: or ``None`` where this trace cannot be proved (then checked).
+Prove = Callable[[list[Any], Callable[[], Any], list[Any]], "list[Any] | Proved | None"]
+
+
+def extended(result: list[Any] | Proved, more: list[Any]) -> list[Any] | Proved:
+    """A proof's answer ``result`` that requires ``more`` too."""
+    if isinstance(result, Proved):
+        return Proved([*result.required, *more], result.largest)
+    return [*result, *more]
 
 
 class CheckedWhereItFails:
@@ -88,7 +112,7 @@ class CheckedWhereItFails:
         self.prove = prove
 
     def __call__(self, inputs: list[Any], read_state: Callable[[], Any],
-                 variables: list[Any]) -> list[Any] | None:
+                 variables: list[Any]) -> list[Any] | Proved | None:
         return self.prove(inputs, read_state, variables)
 
 
@@ -181,9 +205,13 @@ def sparse_or_narrow(inputs: list[Any]) -> bool:
 
 
 def sgd_proof(config: Any) -> Prove:
+    # sgd_provable's bound of the step (a constant rate and momentum), twice: rounding
+    largest = 2 * config.learning_rate * LARGEST_ELEMENT / (1 - config.momentum) * (
+        1 + config.momentum)
+
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
-        return None if sparse_inputs(inputs) else [squared_bound(inputs)]
+              ) -> Proved | None:
+        return None if sparse_inputs(inputs) else Proved([squared_bound(inputs)], largest)
 
     return prove
 
@@ -201,7 +229,7 @@ def adam_proof(config: Any, added: Callable[[list[Any]], Any] | None = None) -> 
     largest = adam_step_size_bound(config)
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
+              ) -> Proved | None:
         if sparse_or_narrow(inputs):
             return None
         required = [squared_bound(inputs)]
@@ -219,7 +247,7 @@ def adam_proof(config: Any, added: Callable[[list[Any]], Any] | None = None) -> 
         if None in (getattr(beta_1, "constant", None), getattr(beta_2, "constant", None)):
             b1, b2 = beta_1(), beta_2()
             required.append((b1 >= 0) & (b1 < 1) & (b2 >= 0) & (b2 < 1))
-        return required
+        return Proved(required, 2 * bound)  # twice: the rounding of the step's maths
 
     return prove
 
@@ -246,19 +274,23 @@ def mean_square_proof(config: Any, average: str, decay: float, scale: float) -> 
     import tensorflow as tf
 
     lr = hyper(config.learning_rate)
+    # rmsprop's momentum sums the steps: a constant below 1 where it is not 0
+    # (rmsprop_provable); its update stays within 1 / (1 - momentum) of a step
+    momentum = getattr(config, "momentum", 0.0)
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
+              ) -> Proved | None:
         if sparse_or_narrow(inputs):
             return None
         found = new_mean_square(inputs, getattr(read_state(), average), decay, scale)
         if found is None:
-            return []
+            return Proved([], 0.0)
         squared, new_average = found
         # 2 * lr / sqrt(scale) bounds the update, lr * |g| its product lr * g computed first
-        step = 2 * tf.cast(lr(), tf.float64) * tf.maximum(tf.sqrt(squared),
-                                                          1 / math.sqrt(scale))
-        return [step < FLOAT32_BOUND, new_average < FLOAT32_BOUND]
+        rate = tf.cast(lr(), tf.float64)
+        step = 2 * rate * tf.maximum(tf.sqrt(squared), 1 / math.sqrt(scale))
+        return Proved([step < FLOAT32_BOUND, new_average < FLOAT32_BOUND],
+                      2 * tf.abs(rate) / math.sqrt(scale) / (1 - momentum))
 
     return prove
 

@@ -75,6 +75,8 @@ from .proofs import (
     LARGEST_ELEMENT,
     LEAST_EPSILON,
     Prove,
+    Proved,
+    extended,
     float32,
     new_mean_square,
     sparse_or_narrow,
@@ -107,8 +109,10 @@ def _rate_provable(config: Any, k: float) -> bool:
 
 
 def _rate_proof(config: Any, k: float,
-                more: Callable[[], list[Any]] = lambda: []) -> Prove:
-    """The proof of a step within ``|lr| * K`` (``k``): a finite sum of squares
+                more: Callable[[], list[Any]] = lambda: [], step: float | None = None
+                ) -> Prove:
+    """The proof of a step within ``|lr| * K`` (``k``), or within ``step`` where it is
+    given (a rule whose step is not a multiple of its rate): a finite sum of squares
     of the inputs, the scheduled rate's ``|lr| * K`` below the float32 maximum, and
     ``more()``."""
     import tensorflow as tf
@@ -117,15 +121,26 @@ def _rate_proof(config: Any, k: float,
     scheduled_rate = not is_constant(config.learning_rate)
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
+              ) -> Proved | None:
         if sparse_or_narrow(inputs):
             return None
         required = [squared_bound(inputs), *more()]
         if scheduled_rate:  # in float64, compared with float32's maximum: NaN/Inf fail too
-            required.append(tf.abs(tf.cast(lr(), tf.float64)) * k < FLOAT32_BOUND)
-        return required
+            rate_bound = tf.abs(tf.cast(lr(), tf.float64)) * k
+            required.append(rate_bound < FLOAT32_BOUND)
+        else:
+            rate_bound = abs(config.learning_rate) * k
+        return Proved(required, 2 * (rate_bound if step is None else step))  # 2: rounding
 
     return prove
+
+
+def rprop_proof(config: Any) -> Prove:
+    """``sign_proof`` at its constant rate; its step, a step size times a sign, stays
+    within the rate (where each size starts) and the sizes' limits."""
+    largest = max(abs(config.learning_rate), abs(config.min_step_size),
+                  abs(config.max_step_size))
+    return _rate_proof(config, 1.0, step=largest)
 
 
 def forgets_slower(config: Any) -> bool:
@@ -227,12 +242,12 @@ def _with_sum_of_squares(rate: Prove, field: str, decay: float, scale: float,
     scale * g**2`` (``new_mean_square``), times ``growth`` below the float32 maximum."""
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
+              ) -> list[Any] | Proved | None:
         required = rate(inputs, read_state, variables)
         if required is None:  # sparse or float16 inputs: checked
             return None
         found = new_mean_square(inputs, getattr(read_state(), field), decay, scale)
-        return required if found is None else [*required, found[1] * growth < FLOAT32_BOUND]
+        return extended(required, [] if found is None else [found[1] * growth < FLOAT32_BOUND])
 
     return prove
 
@@ -260,12 +275,12 @@ def yogi_proof(config: Any) -> Prove:
     growth = 2.0 - float32(config.beta_2)
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
+              ) -> list[Any] | Proved | None:
         required = rate(inputs, read_state, variables)
         if required is None:
             return None
         squared = tf.cast(squared_bound(inputs), tf.float64)
-        return [*required, squared * growth < FLOAT32_BOUND]
+        return extended(required, [squared * growth < FLOAT32_BOUND])
 
     return prove
 

@@ -86,18 +86,19 @@ def reads_range(ranged: Ranged, leaf: int) -> bool:
     return ranged if isinstance(ranged, bool) else leaf in ranged
 
 
-def read_text(answer: str) -> str:
-    """What the plan says a bound reads, for ``answer``."""
+def read_text(answer: str, given: str = "") -> str:
+    """What the plan says a bound reads, for ``answer``; ``given``: the transform before
+    it, where that one bounds its updates (its input's bound is then known)."""
     reads = _state(answer)
     names = sorted(_named(reads).values()) if reads.startswith(_SOME) else []
+    inputs = f"its input's bound (from {given})" if given else "its input's norm"
     if reads == BY_RANGE:
-        parts = ["its input's norm", "its state's range"]
+        parts = [inputs, "its state's range"]
     elif names:
         listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
-        parts = ["its input's norm", f"the range of its {listed}",
-                 "the norm of the rest of its state"]
+        parts = [inputs, f"the range of its {listed}", "the norm of the rest of its state"]
     else:
-        parts = ["its input's norm", "its state's norm"]
+        parts = [inputs, "its state's norm"]
     if takes_values(answer):
         parts.append("the norms and sums it computes, computed again")
     text = ", ".join(parts[:-1]) + " and " + parts[-1]
