@@ -201,7 +201,7 @@ def _scale(cfg):
 
 
 @pytest.mark.slow
-@settings(max_examples=20, deadline=None, derandomize=True,
+@settings(max_examples=10, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(rule=PROVED, factor=st.sampled_from([1.0, 1e10, 1e20, 1e30]),
        grads=st.lists(st.lists(EXTREME_ELEMENTS, min_size=3, max_size=3),

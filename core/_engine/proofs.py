@@ -324,19 +324,20 @@ def proximal_adagrad_proof(config: Any) -> Prove:
     rate = max(1.0, 1.0 / math.sqrt(_least_accumulator(config)))
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
+              ) -> Proved | None:
         if sparse_or_narrow(inputs):
             return None
         found = new_mean_square(inputs, read_state().accumulator, 1.0, 1.0)
         if found is None:
-            return []
+            return Proved([], 0.0)
         _, new_accumulator = found
         step = 2 * tf.abs(tf.cast(lr(), tf.float64))
         required = [step * (rate * strength) < FLOAT32_BOUND, new_accumulator < FLOAT32_BOUND]
         if regularised:
             present = [v for g, v in zip(inputs, variables) if g is not None]
             weights = tf.cast(weight_norm_bound(present), tf.float64)
-            required.append(2 * (weights + 2 * step) < FLOAT32_BOUND)
-        return required
+            step = 2 * (weights + 2 * step)
+            required.append(step < FLOAT32_BOUND)
+        return Proved(required, 2 * step)  # 2: rounding
 
     return prove

@@ -79,6 +79,7 @@ from .proofs import (
     LARGEST_ELEMENT,
     LEAST_EPSILON,
     Prove,
+    Proved,
     adam_proof,
     float32,
     sparse_or_narrow,
@@ -156,14 +157,14 @@ def adafactor_proof(config: Any) -> Prove:
     lr, decay = hyper(config.learning_rate), hyper(config.weight_decay)
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
+              ) -> Proved | None:
         if sparse_or_narrow(inputs):
             return None
         present = [(g, v) for g, v in zip(inputs, variables) if g is not None]
         if any(len(v.shape) >= 2 for _, v in present):
             return None  # factored: checked
         if not present:
-            return []
+            return Proved([], 0.0)
         state = read_state()
 
         def f64(x: Any) -> Any:
@@ -182,9 +183,10 @@ def adafactor_proof(config: Any) -> Prove:
         step_bound = (weights * wd * rate + tf.maximum(decayed, config.epsilon_2) * rho
                       * (2 / tf.sqrt(kept)))  # twice: k rounds in 1 - (1 - t**d)
         # in float64, compared with float32's maximum: NaN/Inf fail too
-        return [squared, kept * config.epsilon_1 >= ADAFACTOR_LEAST_MOMENT,
-                (1 - kept) * largest + kept * (f64(squared) + config.epsilon_1) < FLOAT32_BOUND,
-                decayed * decayed < FLOAT32_BOUND, step_bound < FLOAT32_BOUND]
+        return Proved([squared, kept * config.epsilon_1 >= ADAFACTOR_LEAST_MOMENT,
+                       (1 - kept) * largest + kept * (f64(squared) + config.epsilon_1)
+                       < FLOAT32_BOUND, decayed * decayed < FLOAT32_BOUND,
+                       step_bound < FLOAT32_BOUND], 2 * step_bound)  # 2: rounding
 
     return prove
 
@@ -239,14 +241,15 @@ def _within_weights(bound: Callable[[Any], Any], more: Callable[[], list[Any]]) 
     import tensorflow as tf
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
+              ) -> Proved | None:
         if sparse_or_narrow(inputs):
             return None
         present = [v for g, v in zip(inputs, variables) if g is not None]
         required = [squared_bound(inputs), *more()]
-        if present:  # in float64, compared with float32's maximum: NaN/Inf fail too
-            weights = tf.cast(weight_norm_bound(present), tf.float64)
-            required.append(bound(weights) < FLOAT32_BOUND)
-        return required
+        if not present:
+            return Proved(required, 0.0)
+        # in float64, compared with float32's maximum: NaN/Inf fail too
+        step = bound(tf.cast(weight_norm_bound(present), tf.float64))
+        return Proved([*required, step < FLOAT32_BOUND], 2 * step)  # 2: rounding
 
     return prove
