@@ -50,6 +50,7 @@ proof.
 
 As for ``adam``'s second moment, a proof takes the state the engine wrote (or
 restored) as its maths leaves it: an average of squares is not negative.
+
 A proof that knows a bound of every element of its updates returns it beside
 its requirements (``Proved``; twice the bound it requires, for the rounding of
 the step's maths): a transform after it whose maths the engine bounds takes
@@ -79,6 +80,7 @@ LARGEST_ELEMENT = 2.0**64
 FLOAT32_BOUND = 3.4e38
 #: the largest Adam step size a schedule is assumed to reach (lr 1, beta_1 0.999)
 SCHEDULED_ALPHA_BOUND = 1e3
+
 
 class Proved(NamedTuple):
     """What a proof that bounds its updates returns: the scalars under which its
