@@ -157,8 +157,7 @@ PROVED = tuple(_PROOFS)
 #: those whose proof bounds every element of their updates (``proofs.Proved``): a
 #: bounded transform after one takes its inputs within that bound, reading nothing
 BOUND_THEIR_UPDATES = frozenset(PROVED) - {
-    "clip_by_global_norm",  # its output's norm is known: no pass either
-    "lamb"}  # its trust ratio's bound is not its step's
+    "clip_by_global_norm"}  # its output's norm is known: no pass either
 
 
 def proof_summary(name: str, config: Any) -> str:

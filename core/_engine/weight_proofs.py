@@ -118,12 +118,12 @@ def lamb_proof(config: Any) -> Prove:
     scheduled_betas = not (is_constant(config.beta_1) and is_constant(config.beta_2))
 
     def prove(inputs: list[Any], read_state: Callable[[], Any], variables: list[Any]
-              ) -> list[Any] | None:
+              ) -> Proved | None:
         if sparse_or_narrow(inputs):
             return None
         present = [v for g, v in zip(inputs, variables) if g is not None]
         if not present:
-            return []
+            return Proved([], 0.0)
         # in float64, compared with float32's maximum: NaN/Inf fail too
         rate = tf.abs(tf.cast(lr(), tf.float64))
         weights = tf.cast(weight_norm_bound(present), tf.float64)
@@ -131,13 +131,15 @@ def lamb_proof(config: Any) -> Prove:
         required = [squared_bound(inputs), rate * weights * LAMB_RATIO < FLOAT32_BOUND,
                     weights * weights < FLOAT32_BOUND]
         b1, b2 = tf.cast(beta_1(), tf.float32), tf.cast(beta_2(), tf.float32)
+        gap = tf.cast(1.0 - b1, tf.float64)
         if not constant:
-            gap = tf.cast(1.0 - b1, tf.float64)
             required.append(rate * (LARGEST_ELEMENT / config.epsilon) < FLOAT32_BOUND * gap)
         if scheduled_betas:
             required.append((b1 >= 0) & (1 - b1 >= LAMB_BETA_GAP)
                             & (b2 >= 0) & (1 - b2 >= LAMB_BETA_GAP))
-        return required
+        # the step: lr D at a ratio of 1, else within lr ||w||; twice, for rounding
+        direction = LARGEST_ELEMENT / config.epsilon / gap
+        return Proved(required, 2 * rate * tf.maximum(direction, weights))
 
     return prove
 
