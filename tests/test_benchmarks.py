@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
+import forked
 from conftest import ROOT
 
 
 @pytest.mark.slow
 def test_every_benchmark_runs_quick():
-    """Every script at its quick sizes, in one process (``benchmarks/_smoke.py``)."""
-    result = subprocess.run([sys.executable, "_smoke.py"], cwd=ROOT / "benchmarks",
-                            capture_output=True, text=True, timeout=900)
+    """Every script at its quick sizes, in one process (``benchmarks/_smoke.py``), forked
+    with TensorFlow imported (its own processes, servers and coordinators, start anew)."""
+    result = forked.run([sys.executable, "_smoke.py"], cwd=ROOT / "benchmarks",
+                        capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr[-6000:]
     assert result.stdout.count(": ok (") == 13, result.stdout  # every run of RUNS
 
