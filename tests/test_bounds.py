@@ -228,10 +228,12 @@ def test_the_plan_names_what_leaves_a_transform_checked():
     ({"kind": "adamax"}, "bounded: its traced maths, from its input's norm and its "
                          "state's norm"),
     # the rate a scalar the maths reads from a schedule; the root of a running mean of
-    # squares, which only its range keeps from below 0 (the first moment: its norm)
+    # squares, which only its range keeps from below 0 (the first moment: its norm);
+    # the weights its decoupled decay reads
     ({"kind": "adamw", "learning_rate": "@lr"}, "bounded: its traced maths, from its "
-                                                "input's norm, the range of its nu and the "
-                                                "norm of the rest of its state"),
+                                                "input's norm, the range of its nu, the "
+                                                "norm of the rest of its state and the "
+                                                "weights' norm"),
     # its factored moment may round to 0 under a gradient of 0 (see test_keras_rules_advanced)
     ({"kind": "adafactor"}, "checked: one sum over its updates and new state (its bounds "
                             "fail on ordinary values, even from its state's range)"),

@@ -128,8 +128,8 @@ def test_the_plan_names_the_leaves_whose_range_a_built_in_rule_reads(kind, range
     # a trust ratio divides by a norm whose bound holds 0: it takes the norm's value;
     # sgd's proof bounds its updates, so lars's input needs no norm
     ([{"kind": "sgd"}, {"kind": "lars"}], "its input's bound (from sgd at transforms[0]), "
-                                          "its state's norm and the norms and sums it "
-                                          "computes, computed again"),
+                                          "its state's norm, the weights' norm and the "
+                                          "norms and sums it computes, computed again"),
 ])
 def test_a_norm_the_maths_computes_is_bounded_not_computed_again_where_that_holds(
         chain, reads):
@@ -141,3 +141,23 @@ def test_a_norm_the_maths_computes_is_bounded_not_computed_again_where_that_hold
     kind = next(t["kind"] for t in chain if t["kind"] != "sgd")
     assert f"{kind} at transforms[{[t['kind'] for t in chain].index(kind)}]: bounded: its " \
         f"traced maths, from {reads} (checked" in str(pipe.plan), pipe.plan
+
+
+@pytest.mark.parametrize("chain, reads", [
+    # an average of the weights the chain produces, w - u, after a proof's bound of u
+    ([{"kind": "adam"}, {"kind": "moving_average"}],
+     "its input's bound (from adam at transforms[0]), its state's norm and the weights' "
+     "norm"),
+    # decoupled decay reads the weights; adam's maths alone does not
+    (["adamw"], "its input's norm, the range of its nu, the norm of the rest of its state "
+                "and the weights' norm"),
+    (["adam"], "its input's norm, the range of its nu and the norm of the rest of its "
+               "state (checked"),
+])
+def test_the_plan_says_where_a_bound_reads_the_weights(chain, reads):
+    """A bound whose maths reads a variable's value holds it within the weights' norm,
+    one more read each step: the plan names it where the maths reads the weights."""
+    chain = [{"kind": checked_copy(t)} if isinstance(t, str) else t for t in chain]
+    pipe = gradpipe.build({"transforms": chain, "pipeline": {"jit_compile": True}})
+    pipe.build([tf.Variable(tf.zeros([4, 3]))])
+    assert f"bounded: its traced maths, from {reads}" in pipe.plan.checks[-1], pipe.plan

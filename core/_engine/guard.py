@@ -25,11 +25,13 @@ from .bounds import bound_outputs, held_state, input_interval, record_bounds, re
 from .intervals import Unbounded
 from .proofs import CheckedWhereItFails, Prove, Proved
 from .scalar_values import own_values, taken_as_values
+from .separable import variables_read
 from .state_reads import (
     BY_NORM,
     BY_RANGE,
     NORMS_AT_VALUES,
     NORMS_WITHIN,
+    WEIGHTS,
     Ranged,
     leaf_names,
     leaf_positions,
@@ -274,7 +276,9 @@ def _how_bounded(transform: Any, context: Any) -> str:
                 answer = BY_NORM if not ranged else _fewest_ranged(
                     traced["state"], len(variables), functools.partial(holds, by_value=by_value))
                 norms = NORMS_AT_VALUES if by_value else NORMS_WITHIN
-                return norms + answer if traced["norms"] else answer
+                answer = norms + answer if traced["norms"] else answer
+                return answer + WEIGHTS if _reads_weights(concrete, traced, variables) \
+                    else answer
     except Unbounded as exc:
         return str(exc)
     except Exception as exc:  # a transform that cannot be traced so is checked
@@ -282,6 +286,18 @@ def _how_bounded(transform: Any, context: Any) -> str:
     finally:
         context.shared.clear()
     return "its bounds fail on ordinary values, even from its state's range"
+
+
+def _reads_weights(concrete: Any, traced: dict[str, Any], variables: list[Any]) -> bool:
+    """Whether the traced maths' outputs or new state read a variable's value (then
+    its bound reads the weights' norm)."""
+    handles = {id(v.handle) for v in variables}
+    source: dict[Any, int | None] = {
+        inside.ref(): 0 for outside, inside in concrete.graph.captures
+        if id(outside) in handles}
+    return any(variables_read(t, source) for t in [*traced["outputs"],
+                                                  *tf.nest.flatten(traced["new"])]
+               if isinstance(t, tf.Tensor))
 
 
 def _fewest_ranged(state: Any, count: int, holds: Callable[[Ranged], bool]) -> str:

@@ -37,13 +37,18 @@ _SOME = "range:"  # then "position=name,..." of the leaves read for their range
 #: or within the bounds of what they reduce
 NORMS_AT_VALUES, NORMS_WITHIN = "values+", "within+"
 
+#: after any of those, where the maths reads a variable's value (decoupled weight
+#: decay, an average of the weights): the bound reads the weights' norm
+WEIGHTS = "+weights"
+
 #: the leaves held within their range: none (False), every one (True), or those positions
 Ranged = bool | frozenset[int]
 
 
 def _state(answer: str) -> str:
     """What ``answer`` reads of the state."""
-    return answer.removeprefix(NORMS_AT_VALUES).removeprefix(NORMS_WITHIN)
+    return answer.removesuffix(WEIGHTS).removeprefix(NORMS_AT_VALUES).removeprefix(
+        NORMS_WITHIN)
 
 
 def is_bounded(answer: str) -> bool:
@@ -99,6 +104,8 @@ def read_text(answer: str, given: str = "") -> str:
         parts = [inputs, f"the range of its {listed}", "the norm of the rest of its state"]
     else:
         parts = [inputs, "its state's norm"]
+    if answer.endswith(WEIGHTS):
+        parts.append("the weights' norm")
     if takes_values(answer):
         parts.append("the norms and sums it computes, computed again")
     text = ", ".join(parts[:-1]) + " and " + parts[-1]
