@@ -143,9 +143,6 @@ def record_largest(tensors: Sequence[Any], largest: Any) -> None:
     within ``largest`` of 0, for a later transform's bound (``input_interval``). Not
     for ``squared_bound``: a proof's bound may be past 2**64, whose square overflows,
     where the later transform's proof would fail on the inputs' own finite norm."""
-    if not tf.is_tensor(largest):  # a number past float32 becomes inf, failing its bound
-        largest = tf.constant(largest, tf.float64)
-    largest = tf.cast(largest, tf.float32)
     current_context().shared.setdefault("largest", {}).update(
         {id(t): (t, largest) for t in tensors if t is not None})
 
@@ -159,8 +156,15 @@ def input_interval(tensors: Sequence[Any]) -> Interval:
     recorded = {**shared.get("bounds", {}), **shared.get("largest", {})}
     present = [t for t in tensors if t is not None]
     if present and all(id(t) in recorded for t in present):
-        return within_largest(tf.reduce_max(tf.stack([recorded[id(t)][1] for t in present])))
+        return within_largest(tf.reduce_max(tf.stack([_float32(recorded[id(t)][1])
+                                                      for t in present])))
     return within_norm(squared_bound(tensors))
+
+
+def _float32(x: Any) -> Any:
+    """``x`` (a proof's bound: a number, or a float scalar) as a float32 scalar; a
+    number past float32 becomes inf, which fails the bound that takes it."""
+    return tf.cast(x if tf.is_tensor(x) else tf.constant(x, tf.float64), tf.float32)
 
 
 def squared_bound(tensors: Sequence[Any]) -> Any:
